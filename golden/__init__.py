@@ -1,0 +1,1 @@
+"""numpy reference models, one per hardware block, bit-exact to the hardware."""

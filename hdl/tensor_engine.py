@@ -1,0 +1,184 @@
+"""The tensor engine: a weight-stationary systolic array computing
+``out[M, N] = stationary[K, M].T @ moving[K, N]`` (Trainium's ``nc_matmul`` semantics)."""
+
+from amaranth import Module, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .processing_element import ProcessingElement
+
+__all__ = ["TensorEngine", "stationary_layout", "moving_layout", "result_layout"]
+
+
+def _element_shape(config):
+    if config.dtype != "int8":
+        raise ValueError(f"dtype={config.dtype!r}: the tensor engine hardware implements int8 "
+                         "inputs; the floating-point formats are not built yet")
+    return signed(config.in_bits)
+
+
+def stationary_layout(config):
+    """One stationary beat: column ``m`` of the stationary tile, one element per array row
+    (``stationary[:, m]``), as the SBUF delivers it (one element per partition)."""
+    return data.StructLayout({
+        "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
+    })
+
+
+def moving_layout(config):
+    """One moving beat: column ``n`` of the moving tile, one element per array row.
+
+    ``swap`` marks the first vector of a matmul that uses the most recently loaded stationary
+    tile (the engine holds it until that load has completed); without it the vector uses the
+    tile already in use. ``last`` marks the final vector of a matmul and is passed through to
+    the result beat.
+    """
+    return data.StructLayout({
+        "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
+        "swap": 1,
+        "last": 1,
+    })
+
+
+def result_layout(config):
+    """One result beat: column ``n`` of ``out``, all ``pe_cols`` values, de-skewed."""
+    return data.StructLayout({
+        "data": data.ArrayLayout(signed(config.acc_bits), config.pe_cols),
+        "last": 1,
+    })
+
+
+class TensorEngine(wiring.Component):
+    """A ``pe_rows x pe_cols`` weight-stationary systolic array.
+
+    Row ``k`` holds ``stationary[k, :]``; moving element ``moving[k, n]`` enters row ``k``
+    skewed by ``k`` cycles and flows right; partial sums flow down; column ``m`` produces
+    ``out[m, n]``, which is de-skewed so that one result beat carries all ``pe_cols`` values
+    of one column ``n`` of ``out``.
+
+    Timing (``K = pe_rows``, ``M = pe_cols``; see docs/performance.md):
+
+    * a stationary load takes ``M`` beats, one column per cycle, into the idle weight bank;
+    * a moving vector accepted in cycle ``c`` produces its result beat in cycle
+      ``c + K + M - 1``, one vector per cycle;
+    * a load into the bank just retired by a ``swap`` starts ``K`` cycles after that swap
+      (the old tile's last vectors must have passed every row), so a stream of matmuls that
+      each take a fresh tile issues one every ``max(N, K + M)`` cycles; matmuls that reuse
+      a tile issue back to back.
+
+    Back-pressure: when ``result.valid`` is high and ``result.ready`` low, the whole array
+    stalls (its registers hold), so nothing is dropped or duplicated.
+
+    Members
+    -------
+    stationary : ``In(stream.Signature(stationary_layout(config)))``
+        Stationary tile columns, ``pe_cols`` beats per load.
+    moving : ``In(stream.Signature(moving_layout(config)))``
+        Moving vectors.
+    result : ``Out(stream.Signature(result_layout(config)))``
+        Columns of ``out``, in the order the moving vectors were accepted.
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        super().__init__({
+            "stationary": In(stream.Signature(stationary_layout(config))),
+            "moving": In(stream.Signature(moving_layout(config))),
+            "result": Out(stream.Signature(result_layout(config))),
+        })
+
+    def elaborate(self, platform):
+        cfg = self._config
+        rows, cols = cfg.pe_rows, cfg.pe_cols
+        m = Module()
+
+        # The array advances as one; it stalls only while a result waits for the sink.
+        advance = Signal()
+        m.d.comb += advance.eq(~self.result.valid | self.result.ready)
+
+        # -- weight banks: the active one feeds matmuls, the other one takes loads ----------
+        load_bank = Signal()            # bank that loads write; the active bank is ~load_bank
+        active_valid = Signal()         # a tile has been swapped in at least once
+        pending = Signal()              # a complete tile waits in load_bank for a swap
+        guard = Signal(range(rows))     # advances to wait before load_bank may be written
+        load_column = Signal(range(cols))
+
+        load = self.stationary.valid & self.stationary.ready
+        m.d.comb += self.stationary.ready.eq(advance & ~pending & (guard == 0))
+        with m.If(load):
+            m.d.sync += load_column.eq(load_column + 1)
+            with m.If(load_column == cols - 1):
+                m.d.sync += [load_column.eq(0), pending.eq(1)]
+
+        swap = self.moving.payload.swap
+        m.d.comb += self.moving.ready.eq(advance & ((swap & pending) | (~swap & active_valid)))
+        take = self.moving.valid & self.moving.ready
+        vector_bank = Signal()
+        m.d.comb += vector_bank.eq(~load_bank ^ swap)
+        with m.If(take & swap):
+            # The old active bank becomes the load bank. Its last vector entered row 0 at
+            # the latest one cycle ago and reaches row K-1 K-1 cycles later; waiting K-1
+            # advances before the first write (column 0) keeps every write behind it.
+            m.d.sync += [
+                load_bank.eq(~load_bank),
+                pending.eq(0),
+                active_valid.eq(1),
+                guard.eq(rows - 1),
+            ]
+        with m.Elif(advance & (guard != 0)):
+            m.d.sync += guard.eq(guard - 1)
+
+        # -- the array ---------------------------------------------------------------------
+        pes = [[ProcessingElement(in_bits=cfg.in_bits, acc_bits=cfg.acc_bits)
+                for _ in range(cols)] for _ in range(rows)]
+        for k in range(rows):
+            for n in range(cols):
+                m.submodules[f"pe_{k}_{n}"] = pes[k][n]
+
+        for k in range(rows):
+            # Skew: row k sees the vector k cycles after row 0, in step with the partial
+            # sums coming down from the rows above.
+            x, bank = self.moving.payload.data[k], vector_bank
+            for stage in range(k):
+                x_reg = Signal(signed(cfg.in_bits), name=f"skew_x_{k}_{stage}")
+                bank_reg = Signal(name=f"skew_bank_{k}_{stage}")
+                with m.If(advance):
+                    m.d.sync += [x_reg.eq(x), bank_reg.eq(bank)]
+                x, bank = x_reg, bank_reg
+            for n in range(cols):
+                pe = pes[k][n]
+                m.d.comb += [
+                    pe.enable.eq(advance),
+                    pe.x_in.eq(x if n == 0 else pes[k][n - 1].x_out),
+                    pe.bank_in.eq(bank if n == 0 else pes[k][n - 1].bank_out),
+                    pe.psum_in.eq(0 if k == 0 else pes[k - 1][n].psum_out),
+                    pe.weight_we.eq(load & (load_column == n)),
+                    pe.weight_bank.eq(load_bank),
+                    pe.weight_data.eq(self.stationary.payload.data[k]),
+                ]
+
+        # -- de-skew and result ------------------------------------------------------------
+        # Column n leaves the array n cycles after column 0; delay it by cols-1-n more.
+        for n in range(cols):
+            value = pes[rows - 1][n].psum_out
+            for stage in range(cols - 1 - n):
+                value_reg = Signal(signed(cfg.acc_bits), name=f"deskew_{n}_{stage}")
+                with m.If(advance):
+                    m.d.sync += value_reg.eq(value)
+                value = value_reg
+            m.d.comb += self.result.payload.data[n].eq(value)
+
+        # valid and last travel with the vector: K + M - 1 stages to the result.
+        depth = rows + cols - 1
+        in_flight = Signal(depth)
+        last = Signal(depth)
+        with m.If(advance):
+            m.d.sync += [
+                in_flight.eq((in_flight << 1) | take),
+                last.eq((last << 1) | (take & self.moving.payload.last)),
+            ]
+        m.d.comb += [
+            self.result.valid.eq(in_flight[depth - 1]),
+            self.result.payload.last.eq(last[depth - 1]),
+        ]
+        return m

@@ -1,0 +1,1 @@
+"""Simulation: cocotb testbenches, the simulator runner and waveform tools."""

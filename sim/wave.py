@@ -1,0 +1,343 @@
+"""Read VCD waveforms from the terminal: the engine behind ``opentrn wave``.
+
+Built on :mod:`vcdvcd`, so it reads the VCDs written by Icarus, Verilator (under
+cocotb) and Amaranth's own simulator.
+
+Signal names are full hierarchical names joined with ``.``, in declaration order
+(``tb.tensor_engine.U$0.clk``). A trailing bit range such as ``[7:0]``, which
+Icarus and Verilator append to vector names, is dropped. The same net dumped
+under several scopes is listed once per scope.
+
+Cycle convention
+----------------
+The clock is the first signal whose last name component is ``clk`` unless
+``--clock REGEX`` picks another (the first 1-bit signal it matches). A rising
+edge is a change to ``1`` from ``0``, ``x`` or ``z``; the clock's first dumped
+value is not an edge, since nothing precedes it. Changes at the same VCD time
+are collapsed to the last one, so zero-time glitches do not count.
+
+Cycle ``c`` runs from rising edge ``c`` (``c = 0`` is the first rising edge) to
+rising edge ``c + 1``. Its ``time`` is the VCD time of rising edge ``c``. Its
+value for a signal is what a flip-flop would sample at the END of the cycle:
+the last value change at a time strictly before rising edge ``c + 1``. The last
+cycle has no next edge, so it shows the signal's final value. A register
+therefore shows the value it took at edge ``c``: a counter that counts from 0
+with no reset reads 1 in cycle 0.
+
+Values are unsigned ints by default and two's-complement ints with ``signed``.
+If any bit is ``x`` or ``z`` the value is ``None`` (``x`` in the table, ``null``
+in JSON). ``real`` variables decode to floats. vcdvcd drops the values of
+``string`` variables (Amaranth dumps enums that way), so they always read as
+``x``.
+"""
+
+import argparse
+import bisect
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+
+from vcdvcd import VCDVCD
+
+__all__ = ["WaveError", "add_arguments", "command", "cycle_table", "list_signals"]
+
+
+class WaveError(Exception):
+    """Bad input: missing or malformed file, bad regex, no clock, empty match, bad window."""
+
+
+# Icarus and Verilator write `$var wire 8 # q [7:0] $end`; vcdvcd glues that into `q[7:0]`.
+_RANGE = re.compile(r"\[\d+:\d+\]$")
+
+
+@dataclass(frozen=True)
+class _Var:
+    name: str  # what users see and match regexes against
+    ref: str  # vcdvcd's reference, needed to ask vcdvcd for this variable
+    width: int
+    kind: str  # VCD var type: wire, reg, real, string, ...
+
+
+def _open_vcd(path, **kwargs) -> VCDVCD:
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096).lstrip()
+    except OSError as exc:
+        raise WaveError(f"file {path!r}: {exc.strerror or exc}") from None
+    # Every VCD starts with a `$keyword` section; checking first spares vcdvcd a
+    # whole-file scan of something that is not a VCD.
+    if not head.startswith("$"):
+        raise WaveError(f"file {path!r}: not a VCD file (does not start with a $ section)")
+    try:
+        return VCDVCD(path, **kwargs)
+    except OSError as exc:
+        raise WaveError(f"file {path!r}: {exc.strerror or exc}") from None
+    except Exception as exc:  # vcdvcd raises bare Exception/ValueError on bad syntax
+        raise WaveError(f"file {path!r}: not a readable VCD file ({exc})") from None
+
+
+def _header(path) -> list[_Var]:
+    # only_sigs stops at $enddefinitions, so this is cheap even for huge dumps.
+    vcd = _open_vcd(path, only_sigs=True)
+    seen: set[str] = set()
+    refs: list[str] = []
+    for ref in vcd.signals:
+        if ref not in seen:  # vcdvcd repeats a reference declared twice
+            seen.add(ref)
+            refs.append(ref)
+    if not refs:
+        raise WaveError(f"file {str(path)!r}: not a VCD file (no $var declarations)")
+    stripped = [_RANGE.sub("", ref) for ref in refs]
+    counts = Counter(stripped)
+    out = []
+    for ref, name in zip(refs, stripped, strict=True):
+        if counts[name] > 1:
+            name = ref  # keep the range where dropping it would merge two variables
+        sig = vcd.data[vcd.references_to_ids[ref]]
+        try:
+            width = int(sig.size)
+        except ValueError:
+            width = 0
+        out.append(_Var(name, ref, width, sig.var_type))
+    return out
+
+
+def _compile(option: str, pattern: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise WaveError(f"{option} {pattern!r}: bad regex: {exc}") from None
+
+
+def _select(variables: list[_Var], patterns) -> list[_Var]:
+    """Variables matched by any pattern, grouped by pattern, each kept once."""
+    chosen: list[_Var] = []
+    names: set[str] = set()
+    for pattern in patterns:
+        rx = _compile("--signal", pattern)
+        hits = [v for v in variables if rx.search(v.name)]
+        if not hits:
+            raise WaveError(
+                f"--signal {pattern!r}: matches no signal; run with --list to see the names"
+            )
+        for v in hits:
+            if v.name not in names:
+                names.add(v.name)
+                chosen.append(v)
+    return chosen
+
+
+def _find_clock(variables: list[_Var], clock: str | None) -> _Var:
+    if clock is None:
+        for v in variables:
+            if v.name.rsplit(".", 1)[-1] == "clk":
+                return v
+        raise WaveError(
+            "--clock: no signal named 'clk' in the dump; pass --clock REGEX (see --list)"
+        )
+    rx = _compile("--clock", clock)
+    hits = [v for v in variables if rx.search(v.name)]
+    if not hits:
+        raise WaveError(f"--clock {clock!r}: matches no signal; run with --list to see the names")
+    for v in hits:
+        if v.width == 1:
+            return v
+    raise WaveError(f"--clock {clock!r}: matches only multi-bit signals ({hits[0].name}, ...)")
+
+
+def _rising_edges(tv: list[tuple[int, str]]) -> list[int]:
+    edges = []
+    prev = None
+    for i, (t, value) in enumerate(tv):
+        if i + 1 < len(tv) and tv[i + 1][0] == t:
+            continue  # a later change at the same time wins
+        value = value.lower()
+        if value == "1" and prev is not None and prev != "1":
+            edges.append(t)
+        prev = value
+    return edges
+
+
+def _decode(raw: str | None, var: _Var, signed: bool) -> int | float | None:
+    if raw is None:
+        return None
+    if var.kind == "real":
+        try:
+            return float(raw)
+        except ValueError:
+            return None
+    bits = raw.lower()
+    if not bits or bits.strip("01"):
+        return None  # any x/z (or junk) bit makes the whole value unknown
+    # VCD drops leading zeros (`b1` for an 8-bit 1), and int() zero-extends likewise.
+    value = int(bits, 2)
+    if signed and var.width > 0 and value >> (var.width - 1) & 1:
+        value -= 1 << var.width
+    return value
+
+
+def list_signals(path) -> list[tuple[str, int]]:
+    """``(full name, width)`` of every variable in the VCD, in declaration order."""
+    return [(v.name, v.width) for v in _header(path)]
+
+
+def cycle_table(path, patterns, *, start=None, stop=None, clock=None, signed=False) -> dict:
+    """Per-cycle values of the signals matching ``patterns`` (see the module docstring).
+
+    ``start``/``stop`` are inclusive cycle numbers. Returns
+    ``{"clock": name, "signals": [names], "rows": [{"cycle", "time", "values"}]}``
+    with values as ints (floats for ``real`` variables) or ``None`` for x/z.
+    Raises :class:`WaveError` on bad input; messages name the CLI option at fault.
+    """
+    table, _ = _cycle_table(path, patterns, start, stop, clock, signed)
+    return table
+
+
+def _cycle_table(path, patterns, start, stop, clock, signed) -> tuple[dict, list[_Var]]:
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    patterns = list(patterns)
+    if not patterns:
+        raise WaveError("--signal: no REGEX given; pass --signal REGEX (see --list)")
+    if start is not None and start < 0:
+        raise WaveError(f"--from {start}: cycle numbers start at 0")
+    if stop is not None and stop < 0:
+        raise WaveError(f"--to {stop}: cycle numbers start at 0")
+    if start is not None and stop is not None and start > stop:
+        raise WaveError(f"--from {start} is after --to {stop}")
+
+    variables = _header(path)
+    chosen = _select(variables, patterns)
+    clk = _find_clock(variables, clock)
+
+    # Second pass loads value changes of the needed variables only.
+    wanted = list(dict.fromkeys([clk.ref, *(v.ref for v in chosen)]))
+    vcd = _open_vcd(path, signals=wanted)
+
+    edges = _rising_edges(vcd[clk.ref].tv)
+    if not edges:
+        raise WaveError(f"--clock: clock {clk.name!r} has no rising edges in the dump")
+    last = len(edges) - 1
+    first = 0 if start is None else start
+    final = last if stop is None else min(stop, last)
+    if first > last:
+        raise WaveError(f"--from {first}: the dump has only cycles 0..{last}")
+
+    columns = []
+    for v in chosen:
+        tv = vcd[v.ref].tv
+        times = [t for t, _ in tv]
+        raws = []
+        for c in range(first, final + 1):
+            if c == last:
+                raws.append(tv[-1][1] if tv else None)
+                continue
+            # Last change strictly before the next rising edge: what a flop samples there.
+            i = bisect.bisect_left(times, edges[c + 1]) - 1
+            raws.append(tv[i][1] if i >= 0 else None)
+        columns.append([_decode(raw, v, signed) for raw in raws])
+
+    rows = []
+    for k, c in enumerate(range(first, final + 1)):
+        values = {v.name: col[k] for v, col in zip(chosen, columns, strict=True)}
+        rows.append({"cycle": c, "time": edges[c], "values": values})
+    table = {"clock": clk.name, "signals": [v.name for v in chosen], "rows": rows}
+    return table, chosen
+
+
+def _fmt(value, width: int, hexa: bool) -> str:
+    if value is None:
+        return "x"
+    if hexa and isinstance(value, int):
+        digits = max(1, (width + 3) // 4)
+        sign = "-" if value < 0 else ""
+        return f"{sign}0x{abs(value):0{digits}x}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]], left: int = 0) -> str:
+    """Columns padded to fit; the first ``left`` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for r in [header, *rows]:
+        cells = [
+            cell.ljust(w) if i < left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``opentrn wave``'s arguments to ``parser``."""
+    parser.add_argument("file", help="VCD file (Icarus, Verilator or Amaranth)")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list signals (full name, width); with --signal, only the matching ones",
+    )
+    parser.add_argument(
+        "--signal",
+        dest="signals",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="show signals whose full name matches REGEX (re.search); repeatable",
+    )
+    parser.add_argument(
+        "--from", dest="start", type=int, metavar="CYCLE", help="first cycle shown (inclusive)"
+    )
+    parser.add_argument(
+        "--to", dest="stop", type=int, metavar="CYCLE", help="last cycle shown (inclusive)"
+    )
+    parser.add_argument(
+        "--clock",
+        metavar="REGEX",
+        help="clock signal (first 1-bit match); default: the first signal named clk",
+    )
+    parser.add_argument(
+        "--signed", action="store_true", help="decode values as two's-complement signed ints"
+    )
+    parser.add_argument(
+        "--hex", action="store_true", help="show values in hex (table only; JSON keeps numbers)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _run(args: argparse.Namespace) -> str:
+    signals = list(getattr(args, "signals", None) or [])
+    if args.list:
+        variables = _header(args.file)
+        if signals:
+            variables = _select(variables, signals)
+        if args.json:
+            return json.dumps([{"name": v.name, "width": v.width} for v in variables], indent=2)
+        rows = [[v.name, str(v.width)] for v in variables]
+        return _table(["signal", "width"], rows, left=1)
+
+    if not signals:
+        raise WaveError("--signal: no REGEX given; pass --signal REGEX (or --list for the names)")
+    table, chosen = _cycle_table(args.file, signals, args.start, args.stop, args.clock, args.signed)
+    if args.json:
+        return json.dumps(table, indent=2)
+    header = ["cycle", "time", *table["signals"]]
+    rows = [
+        [str(row["cycle"]), str(row["time"])]
+        + [_fmt(row["values"][v.name], v.width, args.hex) for v in chosen]
+        for row in table["rows"]
+    ]
+    return _table(header, rows)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``opentrn wave``: print to stdout, return the exit status (2 on bad input)."""
+    try:
+        out = _run(args)
+    except WaveError as exc:
+        print(f"opentrn wave: error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0

@@ -1,0 +1,3 @@
+from opentrn.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,342 @@
+"""The configuration layer: one frozen :class:`Config` sizes the hardware, the golden
+models and the performance projections.
+
+A config comes from a preset, optionally a TOML file of overrides, then ``key=value``
+overrides, in that order (:func:`resolve`). Every field is checked by :meth:`Config.validate`;
+a bad value raises :class:`ConfigError` naming the field, the value and the rule.
+
+The ``trn2`` and ``trn3`` presets carry the published figures of
+``shared/reference/trainium.toml`` (AWS Neuron documentation); the fields the documentation
+does not publish (the DMA bus width) are modelling choices, documented in docs/architecture.md.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+__all__ = ["Config", "ConfigError", "PRESETS", "DTYPES", "preset", "resolve", "parse_overrides"]
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value, key or combination."""
+
+
+#: Input formats of the tensor engine, with their storage width in bits.
+DTYPES = {"int8": 8, "bf16": 16, "fp8e4m3": 8, "fp8e5m2": 8}
+
+_KiB = 1024
+_MiB = 1024 * _KiB
+_GiB = 1024 * _MiB
+
+
+def _is_pow2(value):
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Every size of one opentrn core and the chip and server it sits in.
+
+    Fields
+    ------
+    pe_rows : int
+        Rows of the systolic array: the contraction dimension K of one matmul, one row per
+        SBUF partition.
+    pe_cols : int
+        Columns of the systolic array: the M dimension (output partitions) of one matmul.
+    dtype : str
+        Input format of the tensor engine (``int8``; ``bf16``, ``fp8e4m3``, ``fp8e5m2`` are
+        reserved for the floating-point tensor engine).
+    acc_bits : int
+        Width of the accumulator: two's-complement wrap-around for ``int8``.
+    moving_max : int
+        Largest N (moving vectors) of one matmul: one PSUM bank.
+    sbuf_partitions, sbuf_bytes_per_partition : int
+        State buffer geometry.
+    psum_banks, psum_bank_entries : int
+        Partial-sum buffer geometry (per PSUM partition; ``pe_cols`` partitions).
+    dma_bus_bytes : int
+        Data width of the AXI4 master to HBM, in bytes.
+    dma_engines : int
+        DMA engines per core.
+    hbm_bytes : int
+        HBM capacity addressed by the core's AXI master.
+    clock_hz : int
+        Core clock.
+    cores_per_chip, chips_per_server : int
+        Scale-up figures for performance projections.
+    hbm_bytes_per_s, link_bytes_per_s : float
+        Chip-level HBM bandwidth and inter-chip (NeuronLink) bandwidth per chip.
+    """
+
+    pe_rows: int
+    pe_cols: int
+    dtype: str
+    acc_bits: int
+    moving_max: int
+    sbuf_partitions: int
+    sbuf_bytes_per_partition: int
+    psum_banks: int
+    psum_bank_entries: int
+    dma_bus_bytes: int
+    dma_engines: int
+    hbm_bytes: int
+    clock_hz: int
+    cores_per_chip: int
+    chips_per_server: int
+    hbm_bytes_per_s: float
+    link_bytes_per_s: float
+
+    def __post_init__(self):
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------------
+
+    def validate(self):
+        """Raise :class:`ConfigError` for the first field that breaks its rule."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = _FIELD_TYPES[f.name]
+            if expected is float:
+                ok = isinstance(value, int | float) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, expected) and not isinstance(value, bool)
+            if not ok:
+                raise ConfigError(
+                    f"{f.name}={value!r}: must be of type {expected.__name__}")
+
+        def rule(field, ok, text):
+            if not ok:
+                raise ConfigError(f"{field}={getattr(self, field)!r}: {text}")
+
+        for name in ("pe_rows", "pe_cols"):
+            value = getattr(self, name)
+            rule(name, _is_pow2(value) and 2 <= value <= 256,
+                 "must be a power of two between 2 and 256")
+        rule("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}")
+        in_bits = DTYPES[self.dtype]
+        if self.dtype == "int8":
+            rule("acc_bits", 2 * in_bits <= self.acc_bits <= 32,
+                 f"must be between {2 * in_bits} (one int8 x int8 product) and 32")
+        else:
+            rule("acc_bits", self.acc_bits == 32,
+                 f"must be 32 (FP32 accumulation) for dtype={self.dtype}")
+        rule("sbuf_partitions", self.sbuf_partitions == self.pe_rows,
+             f"must equal pe_rows={self.pe_rows} (one SBUF partition feeds one array row)")
+        rule("sbuf_bytes_per_partition",
+             self.sbuf_bytes_per_partition % 64 == 0
+             and 64 <= self.sbuf_bytes_per_partition <= 16 * _MiB,
+             "must be a multiple of 64 between 64 and 16 MiB")
+        rule("psum_banks", _is_pow2(self.psum_banks) and self.psum_banks <= 64,
+             "must be a power of two between 1 and 64")
+        rule("psum_bank_entries",
+             _is_pow2(self.psum_bank_entries) and self.psum_bank_entries <= 65536,
+             "must be a power of two between 1 and 65536")
+        rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
+             f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
+             "(one matmul writes one PSUM bank)")
+        rule("dma_bus_bytes", _is_pow2(self.dma_bus_bytes) and 4 <= self.dma_bus_bytes <= 128,
+             "must be a power of two between 4 and 128 (AXI4 data width 32 to 1024 bits)")
+        rule("dma_engines", 1 <= self.dma_engines <= 64, "must be between 1 and 64")
+        rule("hbm_bytes", self.hbm_bytes % 4096 == 0 and 4096 <= self.hbm_bytes <= 2**48,
+             "must be a multiple of 4096 (one AXI4 burst boundary) between 4 KiB and 256 TiB")
+        rule("clock_hz", self.clock_hz > 0, "must be positive")
+        rule("cores_per_chip", self.cores_per_chip >= 1, "must be at least 1")
+        rule("chips_per_server", self.chips_per_server >= 1, "must be at least 1")
+        rule("hbm_bytes_per_s", self.hbm_bytes_per_s > 0, "must be positive")
+        rule("link_bytes_per_s", self.link_bytes_per_s >= 0, "must not be negative")
+        if self.chips_per_server > 1:
+            rule("link_bytes_per_s", self.link_bytes_per_s > 0,
+                 f"must be positive when chips_per_server={self.chips_per_server} > 1")
+
+    # -- derived sizes ----------------------------------------------------------------------
+
+    @property
+    def in_bits(self):
+        """Storage width of one tensor-engine input element."""
+        return DTYPES[self.dtype]
+
+    @property
+    def hbm_addr_bits(self):
+        """Width of the AXI4 byte address that spans ``hbm_bytes``."""
+        return max(12, math.ceil(math.log2(self.hbm_bytes)))
+
+    @property
+    def peak_macs_per_cycle(self):
+        """Multiply-accumulates the tensor engine completes per cycle at full occupancy."""
+        return self.pe_rows * self.pe_cols
+
+    # -- conversions ------------------------------------------------------------------------
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def digest(self):
+        """A short stable hash of every field: the key of simulator build caches."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def to_toml(self):
+        lines = []
+        for key, value in self.to_dict().items():
+            if isinstance(value, str):
+                lines.append(f'{key} = "{value}"')
+            elif isinstance(value, float):
+                lines.append(f"{key} = {value!r}")
+            else:
+                lines.append(f"{key} = {value}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_dict(cls, values):
+        unknown = sorted(set(values) - set(_FIELD_TYPES))
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown configuration key "
+                              f"(known keys: {', '.join(_FIELD_TYPES)})")
+        missing = sorted(set(_FIELD_TYPES) - set(values))
+        if missing:
+            raise ConfigError(f"{missing[0]}: missing configuration key")
+        return cls(**values)
+
+
+_FIELD_TYPES = {
+    "pe_rows": int, "pe_cols": int, "dtype": str, "acc_bits": int, "moving_max": int,
+    "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
+    "psum_banks": int, "psum_bank_entries": int,
+    "dma_bus_bytes": int, "dma_engines": int, "hbm_bytes": int, "clock_hz": int,
+    "cores_per_chip": int, "chips_per_server": int,
+    "hbm_bytes_per_s": float, "link_bytes_per_s": float,
+}
+assert list(_FIELD_TYPES) == [f.name for f in fields(Config)]
+
+
+def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries):
+    """A core for simulation: a single chip with a single core, an FPGA-like 100 MHz clock
+    and a memory that delivers one bus beat per cycle."""
+    dma_bus_bytes = 8
+    clock_hz = 100_000_000
+    return dict(
+        pe_rows=n, pe_cols=n, dtype="int8", acc_bits=32,
+        moving_max=psum_bank_entries,
+        sbuf_partitions=n, sbuf_bytes_per_partition=sbuf_kib * _KiB,
+        psum_banks=psum_banks, psum_bank_entries=psum_bank_entries,
+        dma_bus_bytes=dma_bus_bytes, dma_engines=1, hbm_bytes=16 * _MiB, clock_hz=clock_hz,
+        cores_per_chip=1, chips_per_server=1,
+        hbm_bytes_per_s=float(dma_bus_bytes * clock_hz), link_bytes_per_s=0.0,
+    )
+
+
+def _trainium_core(*, sbuf_kib, hbm_gib, hbm_tb_s, link_tb_s, chips):
+    """A NeuronCore of the published figures (shared/reference/trainium.toml)."""
+    return dict(
+        pe_rows=128, pe_cols=128, dtype="bf16", acc_bits=32,
+        moving_max=512,                          # N <= 512: one PSUM bank [nki-arch]
+        sbuf_partitions=128, sbuf_bytes_per_partition=sbuf_kib * _KiB,
+        psum_banks=8, psum_bank_entries=512,     # 16 KiB per partition, FP32 [nki-arch]
+        dma_bus_bytes=64,                        # not published: a 512-bit AXI4 modelling choice
+        dma_engines=16,
+        hbm_bytes=hbm_gib * _GiB,
+        clock_hz=2_400_000_000,
+        cores_per_chip=8,
+        chips_per_server=chips,
+        hbm_bytes_per_s=hbm_tb_s * 1e12,
+        link_bytes_per_s=link_tb_s * 1e12,
+    )
+
+
+#: Named configurations. ``tiny`` is the default for simulation.
+PRESETS = {
+    "tiny": _simulation_core(4, sbuf_kib=4, psum_banks=4, psum_bank_entries=16),
+    "small": _simulation_core(8, sbuf_kib=8, psum_banks=4, psum_bank_entries=32),
+    # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
+    # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32 bit.
+    "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
+             "hbm_bytes": 128 * _MiB},
+    "trn2": _trainium_core(sbuf_kib=224, hbm_gib=96, hbm_tb_s=2.9, link_tb_s=1.28, chips=64),
+    "trn3": _trainium_core(sbuf_kib=256, hbm_gib=144, hbm_tb_s=4.9, link_tb_s=2.56, chips=144),
+}
+
+
+def preset(name):
+    """The :class:`Config` of a named preset."""
+    if name not in PRESETS:
+        raise ConfigError(f"preset={name!r}: must be one of {', '.join(PRESETS)}")
+    return Config(**PRESETS[name])
+
+
+def _coerce(key, text):
+    """Parse the text of a ``key=value`` override by the type of the field."""
+    if key not in _FIELD_TYPES:
+        raise ConfigError(f"{key}: unknown configuration key "
+                          f"(known keys: {', '.join(_FIELD_TYPES)})")
+    kind = _FIELD_TYPES[key]
+    text = text.strip()
+    if kind is str:
+        return text.strip("\"'")
+    try:
+        if kind is int:
+            try:
+                return int(text, 0)
+            except ValueError:
+                number = float(text)
+                if not number.is_integer():
+                    raise ValueError from None
+                return int(number)
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{key}={text!r}: must be {'an integer' if kind is int else 'a number'}"
+                          ) from None
+
+
+def parse_overrides(items):
+    """Turn ``["pe_rows=8", ...]`` into a dict of typed values."""
+    values = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{item!r}: an override must have the form key=value")
+        values[key.strip()] = _coerce(key.strip(), text)
+    return values
+
+
+def load_file(path):
+    """Read a TOML file of configuration keys (a flat table; ``preset = "..."`` picks a base)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"file={str(path)!r}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"file={str(path)!r}: not valid TOML ({exc})") from None
+    for key, value in data.items():
+        if isinstance(value, dict):
+            raise ConfigError(f"{key}: tables are not configuration keys; the file is one flat "
+                              "table of key = value")
+        if key in _FIELD_TYPES and _FIELD_TYPES[key] is float and isinstance(value, int):
+            data[key] = float(value)
+    return data
+
+
+def resolve(preset_name=None, file=None, overrides=()):
+    """Resolve a configuration: preset (default ``tiny``, or the file's ``preset`` key), then
+    the file's keys, then ``key=value`` overrides."""
+    file_values = load_file(file) if file is not None else {}
+    base = file_values.pop("preset", None)
+    if preset_name is not None:
+        base = preset_name
+    values = dict(preset(base or "tiny").to_dict())
+    for key, value in file_values.items():
+        if key not in _FIELD_TYPES:
+            raise ConfigError(f"{key}: unknown configuration key "
+                              f"(known keys: {', '.join(_FIELD_TYPES)})")
+        values[key] = value
+    values.update(parse_overrides(overrides))
+    return Config.from_dict(values)

@@ -1,0 +1,429 @@
+"""Tests for opentrn.sim.wave, the VCD reader behind `opentrn wave`.
+
+Expected values come from the simulator, not from the tool: the Amaranth testbench records
+what the design holds after each clock edge, and the Icarus dump below is checked against
+values read off its text by hand.
+"""
+
+import argparse
+import json
+import re
+
+import pytest
+from amaranth import Module, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
+from amaranth.sim import Simulator
+from opentrn.sim import wave
+
+PERIOD = 1e-6
+TICKS = 8
+
+
+class _Inner(wiring.Component):
+    q: Out(4)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.q.eq(self.q + 1)
+        return m
+
+
+class _Dut(wiring.Component):
+    count: Out(8)
+    # 5, 2, -1, -4, ...: negative from the second edge on, to exercise signed decoding.
+    level: Out(signed(8), init=5)
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _Inner()
+
+    def elaborate(self, platform):
+        m = Module()
+        # A submodule in the sync domain makes pysim dump the clock under two scopes.
+        m.submodules.inner = self.inner
+        m.d.sync += [self.count.eq(self.count + 1), self.level.eq(self.level - 3)]
+        return m
+
+
+@pytest.fixture(scope="module")
+def amaranth_vcd(tmp_path_factory):
+    """Simulate _Dut for TICKS edges; return the VCD path, its names and what the TB saw."""
+    dut = _Dut()
+    sim = Simulator(dut)
+    sim.add_clock(PERIOD)
+    seen = []
+
+    async def tb(ctx):
+        for _ in range(TICKS):
+            await ctx.tick()
+            # After tick() returns, the edge's register updates are visible: this is the
+            # value each register holds during the cycle that edge starts.
+            seen.append(
+                {
+                    "count": ctx.get(dut.count),
+                    "level": ctx.get(dut.level),
+                    "q": ctx.get(dut.inner.q),
+                }
+            )
+
+    sim.add_testbench(tb)
+    path = tmp_path_factory.mktemp("wave") / "dut.vcd"
+    with sim.write_vcd(str(path)):
+        sim.run()
+
+    # pysim's scope names differ between versions (`top`, `bench.top`): read them off the
+    # file instead of guessing, independently of the code under test.
+    text = path.read_text()
+    scopes, names = [], {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["$scope"]:
+            scopes.append(parts[2])
+        elif parts[:1] == ["$upscope"]:
+            scopes.pop()
+        elif parts[:1] == ["$var"]:
+            names.setdefault(".".join([*scopes, parts[4]]), int(parts[2]))
+    top = next(n for n in names if n.endswith(".count")).rsplit(".", 1)[0]
+    assert "$timescale 1 fs $end" in text
+    return {"path": path, "top": top, "names": names, "seen": seen}
+
+
+def _edge_time(cycle):
+    # add_clock starts low and rises half a period in; the dump is in fs.
+    return round((cycle + 0.5) * PERIOD * 1e15)
+
+
+# A real Icarus Verilog 11 dump (vector names carry [7:0], the clock net appears under three
+# scopes with one id, `U$0` is an escaped instance name, q starts as x). cnt is forced to 0xf0
+# at #7; q registers cnt, sub.d is cnt, sub.q registers d.
+ICARUS_VCD = """\
+$date
+\tWed Dec  2 14:57:47 2026
+$end
+$version
+\tIcarus Verilog
+$end
+$timescale
+\t1s
+$end
+$scope module tb $end
+$var reg 1 ! clk $end
+$scope module tensor_engine $end
+$var wire 1 ! clk $end
+$var wire 8 " q [7:0] $end
+$var reg 8 # cnt [7:0] $end
+$scope module U$0 $end
+$var wire 1 ! clk $end
+$var wire 8 $ d [7:0] $end
+$var reg 8 % q [7:0] $end
+$upscope $end
+$upscope $end
+$upscope $end
+$enddefinitions $end
+#0
+$dumpvars
+bx %
+bx $
+bx #
+bx "
+0!
+$end
+#5
+1!
+#7
+b11110000 #
+b11110000 $
+#10
+0!
+#15
+b11110001 #
+b11110001 $
+b11110000 "
+b11110000 %
+1!
+#20
+0!
+#25
+b11110001 "
+b11110001 %
+b11110010 #
+b11110010 $
+1!
+#30
+0!
+"""
+
+
+@pytest.fixture
+def icarus_vcd(tmp_path):
+    path = tmp_path / "icarus.vcd"
+    path.write_text(ICARUS_VCD)
+    return path
+
+
+def _run(capsys, *argv):
+    """Run `opentrn wave ARGV` the way the CLI will: a subparser filled by add_arguments."""
+    parser = argparse.ArgumentParser(prog="opentrn")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    wave_parser = sub.add_parser("wave")
+    wave.add_arguments(wave_parser)
+    wave_parser.set_defaults(func=wave.command)
+    args = parser.parse_args(["wave", *map(str, argv)])
+    rc = args.func(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _parse_table(out):
+    lines = out.strip().splitlines()
+    header = lines[0].split()
+    return header, [dict(zip(header, line.split(), strict=True)) for line in lines[1:]]
+
+
+# --list
+
+
+def test_list_signals_names_and_widths(amaranth_vcd):
+    top = amaranth_vcd["top"]
+    got = wave.list_signals(amaranth_vcd["path"])
+    for expected in [
+        (f"{top}.clk", 1),
+        (f"{top}.count", 8),
+        (f"{top}.level", 8),
+        (f"{top}.inner.clk", 1),
+        (f"{top}.inner.q", 4),
+    ]:
+        assert expected in got
+    assert got == list(amaranth_vcd["names"].items())
+
+
+def test_list_cli_table(amaranth_vcd, capsys):
+    top = amaranth_vcd["top"]
+    rc, out, err = _run(capsys, amaranth_vcd["path"], "--list")
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["signal", "width"]
+    assert any(re.fullmatch(rf"{re.escape(top)}\.count\s+8", line) for line in lines)
+    assert any(re.fullmatch(rf"{re.escape(top)}\.inner\.q\s+4", line) for line in lines)
+    # Both scopes of the clock are listed.
+    assert any(line.split()[0] == f"{top}.clk" for line in lines[1:])
+    assert any(line.split()[0] == f"{top}.inner.clk" for line in lines[1:])
+
+
+def test_list_filtered_json(amaranth_vcd, capsys):
+    top = amaranth_vcd["top"]
+    rc, out, _ = _run(capsys, amaranth_vcd["path"], "--list", "--json", "--signal", r"\.clk$")
+    assert rc == 0
+    assert json.loads(out) == [
+        {"name": f"{top}.clk", "width": 1},
+        {"name": f"{top}.inner.clk", "width": 1},
+    ]
+
+
+def test_list_icarus_strips_bit_range(icarus_vcd):
+    assert wave.list_signals(icarus_vcd) == [
+        ("tb.clk", 1),
+        ("tb.tensor_engine.clk", 1),
+        ("tb.tensor_engine.q", 8),
+        ("tb.tensor_engine.cnt", 8),
+        ("tb.tensor_engine.U$0.clk", 1),
+        ("tb.tensor_engine.U$0.d", 8),
+        ("tb.tensor_engine.U$0.q", 8),
+    ]
+
+
+# cycle table
+
+
+def test_counter_value_each_cycle(amaranth_vcd):
+    top, seen = amaranth_vcd["top"], amaranth_vcd["seen"]
+    # The design counts from 0 with no reset, so the register holds c + 1 after edge c.
+    assert [s["count"] for s in seen] == list(range(1, TICKS + 1))
+    table = wave.cycle_table(amaranth_vcd["path"], [r"\.count$", r"inner\.q$"])
+    assert table["clock"] == f"{top}.clk"
+    assert table["signals"] == [f"{top}.count", f"{top}.inner.q"]
+    assert len(table["rows"]) == TICKS
+    for c, row in enumerate(table["rows"]):
+        assert row["cycle"] == c
+        assert row["time"] == _edge_time(c)
+        assert row["values"] == {f"{top}.count": seen[c]["count"], f"{top}.inner.q": seen[c]["q"]}
+
+
+def test_signed_decoding(amaranth_vcd):
+    top, seen = amaranth_vcd["top"], amaranth_vcd["seen"]
+    name = f"{top}.level"
+    levels = [s["level"] for s in seen]
+    assert min(levels) < 0
+    signed_rows = wave.cycle_table(amaranth_vcd["path"], [r"\.level$"], signed=True)["rows"]
+    assert [r["values"][name] for r in signed_rows] == levels
+    unsigned_rows = wave.cycle_table(amaranth_vcd["path"], [r"\.level$"])["rows"]
+    assert [r["values"][name] for r in unsigned_rows] == [v & 0xFF for v in levels]
+
+
+def test_window(amaranth_vcd):
+    top, seen = amaranth_vcd["top"], amaranth_vcd["seen"]
+    rows = wave.cycle_table(amaranth_vcd["path"], ["count"], start=2, stop=4)["rows"]
+    assert [r["cycle"] for r in rows] == [2, 3, 4]
+    assert [r["time"] for r in rows] == [_edge_time(c) for c in (2, 3, 4)]
+    assert [r["values"][f"{top}.count"] for r in rows] == [seen[c]["count"] for c in (2, 3, 4)]
+    # --to past the end stops at the last cycle, which shows the final value.
+    rows = wave.cycle_table(amaranth_vcd["path"], ["count"], start=TICKS - 2, stop=10 * TICKS)[
+        "rows"
+    ]
+    assert [r["cycle"] for r in rows] == [TICKS - 2, TICKS - 1]
+    assert rows[-1]["values"][f"{top}.count"] == seen[-1]["count"]
+
+
+def test_regex_matching_many_signals(amaranth_vcd):
+    top = amaranth_vcd["top"]
+    table = wave.cycle_table(amaranth_vcd["path"], [r"clk$", r"\.clk$"])
+    # Each signal once, in the order first matched.
+    assert table["signals"] == [f"{top}.clk", f"{top}.inner.clk"]
+    # The clock fell mid-cycle, so it is low at the end of every complete cycle (the dump
+    # stops before the last cycle's falling edge, and the last cycle shows the final value).
+    assert all(v == 0 for r in table["rows"][:-1] for v in r["values"].values())
+
+
+def test_clock_option(amaranth_vcd):
+    top = amaranth_vcd["top"]
+    table = wave.cycle_table(amaranth_vcd["path"], ["count"], clock=r"inner\.clk")
+    assert table["clock"] == f"{top}.inner.clk"
+    assert len(table["rows"]) == TICKS
+
+
+def test_cli_table(amaranth_vcd, capsys):
+    top, seen = amaranth_vcd["top"], amaranth_vcd["seen"]
+    rc, out, err = _run(
+        capsys, amaranth_vcd["path"], "--signal", "count", "--signal", "level", "--signed"
+    )
+    assert rc == 0 and err == ""
+    header, rows = _parse_table(out)
+    assert header == ["cycle", "time", f"{top}.count", f"{top}.level"]
+    assert len(rows) == TICKS
+    for c, row in enumerate(rows):
+        assert row["cycle"] == str(c)
+        assert row["time"] == str(_edge_time(c))
+        assert row[f"{top}.count"] == str(seen[c]["count"])
+        assert row[f"{top}.level"] == str(seen[c]["level"])
+
+
+def test_cli_window_and_hex(amaranth_vcd, capsys):
+    top, seen = amaranth_vcd["top"], amaranth_vcd["seen"]
+    path = amaranth_vcd["path"]
+    rc, out, _ = _run(
+        capsys, path, "--signal", r"\.(count|level)$", "--hex", "--from", 1, "--to", 3
+    )
+    assert rc == 0
+    _, rows = _parse_table(out)
+    assert [r["cycle"] for r in rows] == ["1", "2", "3"]
+    for row in rows:
+        c = int(row["cycle"])
+        assert row[f"{top}.count"] == f"0x{seen[c]['count']:02x}"
+        assert row[f"{top}.level"] == f"0x{seen[c]['level'] & 0xFF:02x}"
+    rc, out, _ = _run(
+        capsys, path, "--signal", "level", "--hex", "--signed", "--from", 2, "--to", 2
+    )
+    assert seen[2]["level"] < 0
+    assert _parse_table(out)[1][0][f"{top}.level"] == f"-0x{-seen[2]['level']:02x}"
+
+
+def test_cli_json(amaranth_vcd, capsys):
+    top, seen = amaranth_vcd["top"], amaranth_vcd["seen"]
+    rc, out, _ = _run(capsys, amaranth_vcd["path"], "--signal", r"\.count$", "--json", "--from", 3)
+    assert rc == 0
+    data = json.loads(out)
+    assert set(data) == {"clock", "signals", "rows"}
+    assert data["clock"] == f"{top}.clk"
+    assert data["signals"] == [f"{top}.count"]
+    assert data["rows"] == [
+        {"cycle": c, "time": _edge_time(c), "values": {f"{top}.count": seen[c]["count"]}}
+        for c in range(3, TICKS)
+    ]
+
+
+def test_icarus_x_and_duplicate_scopes(icarus_vcd, capsys):
+    # Edges at #5, #15, #25; each cycle shows the last change before the next edge.
+    table = wave.cycle_table(icarus_vcd, [r"\.q$", r"cnt"])
+    assert table["clock"] == "tb.clk"
+    assert table["signals"] == [
+        "tb.tensor_engine.q",
+        "tb.tensor_engine.U$0.q",
+        "tb.tensor_engine.cnt",
+    ]
+    assert [(r["cycle"], r["time"]) for r in table["rows"]] == [(0, 5), (1, 15), (2, 25)]
+    assert [list(r["values"].values()) for r in table["rows"]] == [
+        [None, None, 0xF0],
+        [0xF0, 0xF0, 0xF1],
+        [0xF1, 0xF1, 0xF2],
+    ]
+    signed_rows = wave.cycle_table(icarus_vcd, ["cnt"], signed=True)["rows"]
+    assert [r["values"]["tb.tensor_engine.cnt"] for r in signed_rows] == [-16, -15, -14]
+
+    rc, out, _ = _run(capsys, icarus_vcd, "--signal", r"engine\.q$")
+    assert rc == 0
+    assert [r["tb.tensor_engine.q"] for r in _parse_table(out)[1]] == ["x", "240", "241"]
+    rc, out, _ = _run(capsys, icarus_vcd, "--signal", r"clk", "--json", "--to", 0)
+    assert json.loads(out)["signals"] == [
+        "tb.clk",
+        "tb.tensor_engine.clk",
+        "tb.tensor_engine.U$0.clk",
+    ]
+    rc, out, _ = _run(capsys, icarus_vcd, "--signal", r"engine\.q$", "--json")
+    assert json.loads(out)["rows"][0]["values"] == {"tb.tensor_engine.q": None}
+
+
+# bad input
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a waveform\n")
+    empty_defs = tmp_path / "nodefs.vcd"
+    empty_defs.write_text("$timescale 1ns $end\n$enddefinitions $end\n#0\n")
+    noclk = tmp_path / "noclk.vcd"
+    noclk.write_text(ICARUS_VCD.replace(" clk ", " ck "))
+    return {"text": text, "nodefs": empty_defs, "noclk": noclk, "missing": tmp_path / "gone.vcd"}
+
+
+@pytest.mark.parametrize(
+    ("file", "argv", "needles"),
+    [
+        ("missing", ["--list"], ["file", "gone.vcd", "No such file"]),
+        ("missing", ["--signal", "x"], ["file", "gone.vcd"]),
+        ("text", ["--list"], ["file", "notes.txt", "not a VCD"]),
+        ("nodefs", ["--signal", "x"], ["file", "nodefs.vcd", "not a VCD"]),
+        ("noclk", ["--signal", "cnt"], ["--clock", "clk"]),
+        ("vcd", ["--signal", "count", "--clock", "nosuch"], ["--clock 'nosuch'", "--list"]),
+        ("vcd", ["--signal", "count", "--clock", "count"], ["--clock 'count'", "multi-bit"]),
+        ("vcd", ["--signal", "count", "--signal", "nosuch"], ["--signal 'nosuch'", "--list"]),
+        ("vcd", ["--list", "--signal", "nosuch"], ["--signal 'nosuch'"]),
+        ("vcd", ["--signal", "count", "--from", "5", "--to", "2"], ["--from 5", "--to 2"]),
+        ("vcd", ["--signal", "count", "--from", "-1"], ["--from -1"]),
+        ("vcd", ["--signal", "count", "--from", "99"], ["--from 99", "0..7"]),
+        ("vcd", ["--signal", "(count"], ["--signal '(count'", "bad regex"]),
+        ("vcd", ["--signal", "count", "--clock", "[clk"], ["--clock '[clk'", "bad regex"]),
+        ("vcd", [], ["--signal", "--list"]),
+    ],
+)
+def test_bad_input_exits_2(amaranth_vcd, bad_files, capsys, file, argv, needles):
+    path = amaranth_vcd["path"] if file == "vcd" else bad_files[file]
+    rc, out, err = _run(capsys, path, *argv)
+    assert rc == 2
+    assert out == ""
+    assert err.startswith("opentrn wave: error: ")
+    assert len(err.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in err
+
+
+def test_library_raises_wave_error(amaranth_vcd, bad_files):
+    with pytest.raises(wave.WaveError, match="not a VCD"):
+        wave.list_signals(bad_files["text"])
+    with pytest.raises(wave.WaveError, match="--signal 'nosuch'"):
+        wave.cycle_table(amaranth_vcd["path"], ["nosuch"])
+    with pytest.raises(wave.WaveError, match="--from 3 is after --to 1"):
+        wave.cycle_table(amaranth_vcd["path"], ["count"], start=3, stop=1)
+    with pytest.raises(wave.WaveError, match="--clock"):
+        wave.cycle_table(bad_files["noclk"], ["cnt"])
