@@ -1,6 +1,6 @@
 """One processing element (PE) of the weight-stationary systolic array."""
 
-from amaranth import Mux, Module, Signal, signed
+from amaranth import Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 

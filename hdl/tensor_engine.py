@@ -80,6 +80,8 @@ class TensorEngine(wiring.Component):
     """
 
     def __init__(self, *, config):
+        if config.dtype != "int8":
+            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
         self._config = config
         super().__init__({
             "stationary": In(stream.Signature(stationary_layout(config))),

@@ -14,6 +14,7 @@ from amaranth import Module, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 from amaranth.sim import Simulator
+
 from opentrn.sim import wave
 
 PERIOD = 1e-6

@@ -16,9 +16,11 @@ import json
 import math
 import tomllib
 from dataclasses import dataclass, fields
+from importlib import resources
 from pathlib import Path
 
-__all__ = ["Config", "ConfigError", "PRESETS", "DTYPES", "preset", "resolve", "parse_overrides"]
+__all__ = ["Config", "ConfigError", "PRESETS", "DTYPES", "preset", "resolve", "parse_overrides",
+           "load_file", "reference"]
 
 
 class ConfigError(ValueError):
@@ -233,21 +235,35 @@ def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries):
     )
 
 
-def _trainium_core(*, sbuf_kib, hbm_gib, hbm_tb_s, link_tb_s, chips):
-    """A NeuronCore of the published figures (shared/reference/trainium.toml)."""
+def reference():
+    """The published Trainium figures (a copy of shared/reference/trainium.toml, with the
+    source of each figure)."""
+    with resources.files("opentrn").joinpath("reference/trainium.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def _trainium_core(core, chip, system):
+    """A NeuronCore of the published figures: ``core``, ``chip`` and ``system`` name tables
+    of the reference file."""
+    ref = reference()
+    core, chip, system = ref["neuroncore"][core], ref["chip"][chip], ref["system"][system]
+    psum_bytes = core["psum_kib_per_partition"] * _KiB
+    psum_bank_entries = 512                  # "8 banks x 512 fp32 per partition" [nki-arch]
     return dict(
-        pe_rows=128, pe_cols=128, dtype="bf16", acc_bits=32,
-        moving_max=512,                          # N <= 512: one PSUM bank [nki-arch]
-        sbuf_partitions=128, sbuf_bytes_per_partition=sbuf_kib * _KiB,
-        psum_banks=8, psum_bank_entries=512,     # 16 KiB per partition, FP32 [nki-arch]
-        dma_bus_bytes=64,                        # not published: a 512-bit AXI4 modelling choice
-        dma_engines=16,
-        hbm_bytes=hbm_gib * _GiB,
-        clock_hz=2_400_000_000,
-        cores_per_chip=8,
-        chips_per_server=chips,
-        hbm_bytes_per_s=hbm_tb_s * 1e12,
-        link_bytes_per_s=link_tb_s * 1e12,
+        pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtype="bf16", acc_bits=32,
+        moving_max=psum_bank_entries,        # N <= 512: one PSUM bank [nki-arch]
+        sbuf_partitions=core["pe_rows"],
+        sbuf_bytes_per_partition=core["sbuf_kib_per_partition"] * _KiB,
+        psum_banks=psum_bytes // (psum_bank_entries * 4),
+        psum_bank_entries=psum_bank_entries,
+        dma_bus_bytes=64,                    # not published: a 512-bit AXI4 modelling choice
+        dma_engines=core["dma_engines"],
+        hbm_bytes=chip["hbm_gib"] * _GiB,
+        clock_hz=round(core["tensor_clock_ghz"] * 1e9),
+        cores_per_chip=chip["cores"],
+        chips_per_server=system["chips"],
+        hbm_bytes_per_s=chip["hbm_tb_s"] * 1e12,
+        link_bytes_per_s=chip["link_tb_s"] * 1e12,
     )
 
 
@@ -259,8 +275,8 @@ PRESETS = {
     # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32 bit.
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
              "hbm_bytes": 128 * _MiB},
-    "trn2": _trainium_core(sbuf_kib=224, hbm_gib=96, hbm_tb_s=2.9, link_tb_s=1.28, chips=64),
-    "trn3": _trainium_core(sbuf_kib=256, hbm_gib=144, hbm_tb_s=4.9, link_tb_s=2.56, chips=144),
+    "trn2": _trainium_core("v3", "trainium2", "trn2_ultraserver"),
+    "trn3": _trainium_core("v4", "trainium3", "trn3_ultraserver"),
 }
 
 

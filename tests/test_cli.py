@@ -1,0 +1,84 @@
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from opentrn import config
+from opentrn.cli import main
+from opentrn.sim import runner
+
+from .conftest import require_simulator
+
+
+def test_config_prints_toml_and_json(capsys):
+    assert main(["config", "--preset", "trn3"]) == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["pe_rows"] == printed["pe_cols"] == 128
+    assert printed == config.preset("trn3").to_dict()
+    assert main(["config", "--set", "pe_rows=8", "--set", "sbuf_partitions=8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pe_rows"] == 8
+
+
+def test_config_file_and_overrides(tmp_path, capsys):
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "small"\nacc_bits = 20\n')
+    assert main(["config", "--file", str(path), "--set", "moving_max=7", "--json"]) == 0
+    values = json.loads(capsys.readouterr().out)
+    assert (values["pe_rows"], values["acc_bits"], values["moving_max"]) == (8, 20, 7)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["config", "--set", "pe_rows=6"],
+     "opentrn config: error: pe_rows=6: must be a power of two between 2 and 256"),
+    (["verilog", "--set", "wibble=1"], "opentrn verilog: error: wibble: unknown configuration"),
+    (["demo", "--set", "acc_bits=8", "--sim", "icarus"], "opentrn demo: error: acc_bits=8"),
+    (["demo", "--cases", "0", "--sim", "icarus"], "opentrn demo: error: --cases=0"),
+])
+def test_errors_exit_2_and_name_the_field(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_preset_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["config", "--preset", "huge"])
+    assert info.value.code == 2
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("sim", runner.SIMULATORS)
+def test_demo_json_and_waves(sim, tmp_path):
+    """The README's demo, as a user runs it: ``python -m opentrn demo --json``."""
+    require_simulator(sim)
+    vcd = tmp_path / "demo.vcd"
+    completed = subprocess.run(
+        [sys.executable, "-m", "opentrn", "demo", "--sim", sim, "--cases", "40", "--json",
+         "--waves", str(vcd)], capture_output=True, text=True, check=False)
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert report["passed"] is True and report["mismatches"] == 0
+    assert report["cycle_mismatches"] == 0
+    assert report["sim"] == sim and report["preset"] == "tiny" and report["cases"] == 40
+    assert report["macs"] > 0 and 0 < report["utilization"] <= 1
+    assert report["vcd"] == str(vcd) and vcd.exists()
+    # Progress went to stderr, the report alone to stdout.
+    assert "simulating" in completed.stderr
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "opentrn", "wave", str(vcd), "--signal", r"result__valid$",
+         "--json"], capture_output=True, text=True, check=False)
+    assert completed.returncode == 0, completed.stderr
+    table = json.loads(completed.stdout)
+    valid = table["signals"][0]
+    assert sum(row["values"][valid] == 1 for row in table["rows"]) > 0
+
+
+@pytest.mark.sim
+def test_demo_text_report(capsys):
+    require_simulator("icarus")
+    assert main(["demo", "--sim", "icarus", "--cases", "10", "--seed", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS: bit-exact" in out and "mismatches      0" in out

@@ -1,0 +1,143 @@
+import json
+
+import pytest
+
+from opentrn import config
+from opentrn.config import Config, ConfigError
+
+
+@pytest.mark.parametrize("name", list(config.PRESETS))
+def test_presets_are_valid_and_round_trip(name, tmp_path):
+    cfg = config.preset(name)
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    assert config.resolve(file=path) == cfg
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_small_presets():
+    assert (config.preset("tiny").pe_rows, config.preset("tiny").pe_cols) == (4, 4)
+    assert (config.preset("small").pe_rows, config.preset("small").pe_cols) == (8, 8)
+    assert (config.preset("fpga").pe_rows, config.preset("fpga").pe_cols) == (8, 8)
+    assert config.resolve() == config.preset("tiny")
+
+
+@pytest.mark.parametrize("name, core, chip, system", [
+    ("trn2", "v3", "trainium2", "trn2_ultraserver"),
+    ("trn3", "v4", "trainium3", "trn3_ultraserver"),
+])
+def test_trainium_presets_carry_the_published_figures(name, core, chip, system):
+    ref = config.reference()
+    core, chip, system = ref["neuroncore"][core], ref["chip"][chip], ref["system"][system]
+    cfg = config.preset(name)
+    assert (cfg.pe_rows, cfg.pe_cols) == (core["pe_rows"], core["pe_cols"]) == (128, 128)
+    assert cfg.clock_hz == core["tensor_clock_ghz"] * 1e9 == 2.4e9
+    assert cfg.sbuf_partitions * cfg.sbuf_bytes_per_partition == \
+        128 * core["sbuf_kib_per_partition"] * 1024
+    # PSUM: 2 MiB = 128 partitions x 8 banks x 512 FP32 entries.
+    assert cfg.pe_cols * cfg.psum_banks * cfg.psum_bank_entries * cfg.acc_bits // 8 == \
+        128 * core["psum_kib_per_partition"] * 1024 == 2 * 1024 * 1024
+    assert cfg.dma_engines == core["dma_engines"] == 16
+    assert cfg.cores_per_chip == chip["cores"] == 8
+    assert cfg.hbm_bytes == chip["hbm_gib"] * 2**30
+    assert cfg.hbm_bytes_per_s == chip["hbm_tb_s"] * 1e12
+    assert cfg.link_bytes_per_s == chip["link_tb_s"] * 1e12
+    assert cfg.chips_per_server == system["chips"]
+
+
+def test_trn3_sizes():
+    cfg = config.preset("trn3")
+    assert cfg.sbuf_partitions * cfg.sbuf_bytes_per_partition == 32 * 2**20
+    assert cfg.chips_per_server == 144
+
+
+def test_resolution_order(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('preset = "small"\nmoving_max = 8\npsum_banks = 2\n')
+    cfg = config.resolve(file=path, overrides=["moving_max=4"])
+    assert (cfg.pe_rows, cfg.psum_banks, cfg.moving_max) == (8, 2, 4)
+    # --preset beats the file's preset key; the file's keys still apply.
+    cfg = config.resolve("tiny", path)
+    assert (cfg.pe_rows, cfg.moving_max) == (4, 8)
+
+
+def test_override_parsing():
+    cfg = config.resolve("tiny", overrides=["clock_hz=2.4e9", "hbm_bytes=0x200000",
+                                             "link_bytes_per_s=1e9", "dtype=int8"])
+    assert cfg.clock_hz == 2_400_000_000 and isinstance(cfg.clock_hz, int)
+    assert cfg.hbm_bytes == 2 * 2**20
+    assert cfg.link_bytes_per_s == 1e9
+
+
+@pytest.mark.parametrize("override, message", [
+    ("pe_rows=6", "pe_rows=6: must be a power of two between 2 and 256"),
+    ("pe_cols=512", "pe_cols=512: must be a power of two between 2 and 256"),
+    ("pe_rows=1", "pe_rows=1: must be a power of two"),
+    ("dtype=int4", "dtype='int4': must be one of int8, bf16, fp8e4m3, fp8e5m2"),
+    ("acc_bits=12", "acc_bits=12: must be between 16"),
+    ("acc_bits=33", "acc_bits=33: must be between 16"),
+    ("moving_max=0", "moving_max=0: must be between 1 and psum_bank_entries=16"),
+    ("moving_max=17", "moving_max=17: must be between 1 and psum_bank_entries=16"),
+    ("sbuf_partitions=8", "sbuf_partitions=8: must equal pe_rows=4"),
+    ("sbuf_bytes_per_partition=100", "sbuf_bytes_per_partition=100: must be a multiple of 64"),
+    ("psum_banks=3", "psum_banks=3: must be a power of two"),
+    ("psum_bank_entries=24", "psum_bank_entries=24: must be a power of two"),
+    ("dma_bus_bytes=3", "dma_bus_bytes=3: must be a power of two between 4 and 128"),
+    ("dma_engines=0", "dma_engines=0: must be between 1 and 64"),
+    ("hbm_bytes=1000", "hbm_bytes=1000: must be a multiple of 4096"),
+    ("clock_hz=0", "clock_hz=0: must be positive"),
+    ("cores_per_chip=0", "cores_per_chip=0: must be at least 1"),
+    ("hbm_bytes_per_s=-1", "hbm_bytes_per_s=-1.0: must be positive"),
+    ("chips_per_server=4", "link_bytes_per_s=0.0: must be positive when chips_per_server=4"),
+    ("pe_rows=four", "pe_rows='four': must be an integer"),
+    ("clock_hz=1.5", "clock_hz='1.5': must be an integer"),
+    ("colour=red", "colour: unknown configuration key"),
+    ("pe_rows", "'pe_rows': an override must have the form key=value"),
+])
+def test_errors_name_the_field_value_and_rule(override, message):
+    with pytest.raises(ConfigError) as info:
+        config.resolve("tiny", overrides=[override])
+    assert message in str(info.value)
+
+
+def test_dtype_needs_fp32_accumulation():
+    with pytest.raises(ConfigError, match="acc_bits=16: must be 32 .FP32 accumulation. "
+                                          "for dtype=bf16"):
+        config.resolve("tiny", overrides=["dtype=bf16", "acc_bits=16"])
+
+
+def test_bad_types_and_keys_from_python():
+    with pytest.raises(ConfigError, match="pe_rows=4.0: must be of type int"):
+        config.preset("tiny").replace(pe_rows=4.0)
+    with pytest.raises(ConfigError, match="frequency: unknown configuration key"):
+        Config.from_dict({**config.preset("tiny").to_dict(), "frequency": 1})
+    with pytest.raises(ConfigError, match="pe_cols: missing configuration key"):
+        values = config.preset("tiny").to_dict()
+        del values["pe_cols"]
+        Config.from_dict(values)
+    with pytest.raises(ConfigError, match="preset='huge': must be one of tiny, small"):
+        config.preset("huge")
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        config.resolve(file=tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("pe_rows = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.resolve(file=bad)
+    bad.write_text("pe_rowz = 4\n")
+    with pytest.raises(ConfigError, match="pe_rowz: unknown configuration key"):
+        config.resolve(file=bad)
+    bad.write_text("[core]\npe_rows = 4\n")
+    with pytest.raises(ConfigError, match="core: tables are not configuration keys"):
+        config.resolve(file=bad)
+    bad.write_text('pe_rows = "8"\n')
+    with pytest.raises(ConfigError, match="pe_rows='8': must be of type int"):
+        config.resolve(file=bad)
+
+
+def test_digest_tracks_every_field():
+    tiny = config.preset("tiny")
+    assert tiny.digest() == config.preset("tiny").digest()
+    assert tiny.digest() != tiny.replace(acc_bits=16).digest()
