@@ -27,7 +27,7 @@ from opentrn.config import Config
 from opentrn.golden import tensor_engine as golden
 from opentrn.hdl.tensor_engine import moving_layout, result_layout, stationary_layout
 
-from .streams import CycleCounter, StreamSink, StreamSource
+from .streams import ClockDomain, StreamSink, StreamSource
 
 CLOCK_PERIOD_NS = 10
 
@@ -114,13 +114,13 @@ class TensorEngineBench:
         self.dut = dut
         self.config = config
         Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
-        self.cycles = CycleCounter(dut.clk)
+        self.domain = ClockDomain(dut.clk)
         rng = random.Random(seed)
-        self.stationary = StreamSource(dut, "stationary", stationary_layout(config), dut.clk,
-                                       self.cycles, gaps=gaps, rng=rng)
-        self.moving = StreamSource(dut, "moving", moving_layout(config), dut.clk,
-                                   self.cycles, gaps=gaps, rng=rng)
-        self.result = StreamSink(dut, "result", result_layout(config), dut.clk, self.cycles,
+        self.stationary = StreamSource(self.domain, dut, "stationary", stationary_layout(config),
+                                       gaps=gaps, rng=rng)
+        self.moving = StreamSource(self.domain, dut, "moving", moving_layout(config),
+                                   gaps=gaps, rng=rng)
+        self.result = StreamSink(self.domain, dut, "result", result_layout(config),
                                  backpressure=backpressure, rng=rng)
 
     async def reset(self):
@@ -151,15 +151,12 @@ class TensorEngineBench:
 
         # Watchdog: a hang becomes a failure with the stream states printed.
         budget = 8 * timing.total_cycles + 200
-        start = self.cycles.now
-        while len(self.result.received) < len(expected):
-            await RisingEdge(self.dut.clk)
-            if self.cycles.now - start > budget:
-                raise AssertionError(
-                    f"watchdog: no progress after {budget} cycles; "
-                    f"{len(self.result.received)}/{len(expected)} results, "
-                    f"stationary queue {len(self.stationary.queue)}, "
-                    f"moving queue {len(self.moving.queue)}")
+        if not await self.result.wait_for(len(expected), budget * CLOCK_PERIOD_NS):
+            raise AssertionError(
+                f"watchdog: not done after {budget} cycles; "
+                f"{len(self.result.received)}/{len(expected)} results, "
+                f"stationary queue {len(self.stationary.queue)}, "
+                f"moving queue {len(self.moving.queue)}")
         await ClockCycles(self.dut.clk, 2 * golden.latency(config))
         return self._score(program, expected, timing, check_cycles)
 
@@ -171,12 +168,11 @@ class TensorEngineBench:
             raise AssertionError(f"{len(received)} result beats, expected {len(expected)}")
         for index, ((_, got), (want, want_last)) in enumerate(zip(received, expected,
                                                                   strict=True)):
-            values = [int(v) for v in got.data]
-            if values != [int(v) for v in want] or int(got.last) != want_last:
+            if got["data"] != [int(v) for v in want] or got["last"] != want_last:
                 mismatches += 1
                 if mismatches <= 5:
-                    log.error("beat %d: got %s last=%d, expected %s last=%d", index, values,
-                              int(got.last), list(map(int, want)), want_last)
+                    log.error("beat %d: got %s last=%d, expected %s last=%d", index,
+                              got["data"], got["last"], list(map(int, want)), want_last)
 
         origin = self.stationary.accepted[0][0]
         first, last = origin, received[-1][0]
