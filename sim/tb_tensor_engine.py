@@ -10,13 +10,16 @@ Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables
 ``OPENTRN_CONFIG``  the :class:`~opentrn.config.Config` as JSON;
 ``OPENTRN_CASES``   random matmuls of each random test (default 100);
 ``OPENTRN_SEED``    seed of the workload generator;
-``OPENTRN_REPORT``  a JSON file the tests append their statistics to.
+``OPENTRN_REPORT``  a JSON file the tests append their statistics to;
+``OPENTRN_N``, ``OPENTRN_FRESH``, ``OPENTRN_MATMULS``  the stream of ``test_back_to_back``
+(default: 24 matmuls of N = K + M, each with a fresh tile).
 """
 
 import json
 import os
 import random
 import zlib
+from itertools import pairwise
 
 import cocotb
 import numpy as np
@@ -39,17 +42,19 @@ def _settings():
     return config, cases, seed
 
 
+_records = []
+
+
 def _report(record):
+    _records.append(record)
     path = os.environ.get("OPENTRN_REPORT")
-    if not path:
-        return
-    records = []
-    if os.path.exists(path):
-        with open(path) as f:
-            records = json.load(f)
-    records.append(record)
-    with open(path, "w") as f:
-        json.dump(records, f, indent=1)
+    if path:
+        with open(path, "w") as f:
+            json.dump(_records, f, indent=1)
+
+
+def _last_report():
+    return _records[-1]
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -103,6 +108,17 @@ def random_program(config, rng, count):
         program.append(golden.Matmul(values((k_rows, n)),
                                      values((k_rows, m_cols)) if fresh else None))
     return program
+
+
+def uniform_program(config, rng, count, n, fresh):
+    """``count`` matmuls of ``n`` vectors each, every one with a fresh tile or all reusing
+    the first."""
+    k_rows, m_cols = config.pe_rows, config.pe_cols
+    lo, hi = _int_range(config)
+    return [golden.Matmul(rng.integers(lo, hi + 1, (k_rows, n)),
+                          rng.integers(lo, hi + 1, (k_rows, m_cols)) if fresh or i == 0
+                          else None)
+            for i in range(count)]
 
 
 # -- the bench --------------------------------------------------------------------------------
@@ -186,6 +202,10 @@ class TensorEngineBench:
                     if cycle_mismatches <= 5:
                         log.error("beat %d: at cycle %d, formula says %d", index, got, want)
         cycles = last - first + 1
+        # The moving stream's occupancy from its first to its last vector: the array's
+        # steady-state utilization, without the first load and the final drain.
+        accepted = [cycle for cycle, _ in self.moving.accepted]
+        idle = sum(b - a - 1 for a, b in pairwise(accepted))
         macs = sum(self.config.pe_rows * self.config.pe_cols * op.moving.shape[1]
                    for op in program)
         stats = {
@@ -193,19 +213,22 @@ class TensorEngineBench:
             "cycle_mismatches": cycle_mismatches, "cycles_checked": check_cycles,
             "cycles": cycles, "macs": macs,
             "utilization": macs / (cycles * self.config.peak_macs_per_cycle),
+            "moving_idle_cycles": idle,
+            "steady_utilization": len(accepted) / (accepted[-1] - accepted[0] + 1),
         }
         log.info("scoreboard: %s", stats)
         return stats
 
 
-async def _run_test(dut, name, program_of, *, gaps=0.0, backpressure=0.0, check_cycles):
+async def _run_test(dut, name, program_of, *, gaps=0.0, backpressure=0.0, check_cycles,
+                    extra=None):
     config, cases, seed = _settings()
     bench = TensorEngineBench(dut, config, gaps=gaps, backpressure=backpressure, seed=seed)
     await bench.reset()
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     program = program_of(config, rng, cases)
     stats = await bench.run(program, check_cycles=check_cycles)
-    _report({"test": name, "seed": seed, **stats})
+    _report({"test": name, "seed": seed, **(extra or {}), **stats})
     assert stats["mismatches"] == 0, \
         f"{stats['mismatches']} result beats differ from the golden model"
     assert stats["cycle_mismatches"] == 0, \
@@ -235,3 +258,32 @@ async def test_random_backpressure(dut):
     await _run_test(dut, "random_backpressure",
                     lambda config, rng, cases: random_program(config, rng, cases),
                     gaps=0.2, backpressure=0.3, check_cycles=False)
+
+
+@cocotb.test()
+async def test_back_to_back(dut):
+    """Back-to-back matmuls of one N, cycle-exact. With a fresh tile every matmul and
+    N >= K + M, or with a reused tile, the background weight load keeps the moving stream
+    busy: not one idle cycle between matmuls."""
+    config, _, _ = _settings()
+    n = int(os.environ.get("OPENTRN_N", config.pe_rows + config.pe_cols))
+    await _back_to_back(dut, "back_to_back", config, min(n, config.moving_max),
+                        fresh=os.environ.get("OPENTRN_FRESH", "1") != "0",
+                        count=int(os.environ.get("OPENTRN_MATMULS", "24")))
+
+
+@cocotb.test()
+async def test_back_to_back_reused(dut):
+    """Back-to-back single-vector matmuls against one tile: one vector every cycle."""
+    config, _, _ = _settings()
+    await _back_to_back(dut, "back_to_back_reused", config, 1, fresh=False, count=40)
+
+
+async def _back_to_back(dut, name, config, n, *, fresh, count):
+    await _run_test(dut, name,
+                    lambda config, rng, cases: uniform_program(config, rng, count, n, fresh),
+                    check_cycles=True, extra={"n": n, "fresh": fresh})
+    stats = _last_report()
+    if not fresh or n >= golden.reload_guard(config) + golden.load_cycles(config):
+        assert stats["moving_idle_cycles"] == 0, \
+            f"{stats['moving_idle_cycles']} idle cycles between back-to-back matmuls"
