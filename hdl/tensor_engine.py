@@ -118,9 +118,10 @@ class TensorEngine(wiring.Component):
         vector_bank = Signal()
         m.d.comb += vector_bank.eq(~load_bank ^ swap)
         with m.If(take & swap):
-            # The old active bank becomes the load bank. Its last vector entered row 0 at
-            # the latest one cycle ago and reaches row K-1 K-1 cycles later; waiting K-1
-            # advances before the first write (column 0) keeps every write behind it.
+            # The old active bank becomes the load bank. Its last vector entered row 0 in
+            # the previous cycle at the latest and uses column c of row K-1 K-1+c cycles
+            # later; holding the next load back until K cycles after this one keeps every
+            # column write behind that vector (guard counts K-1 advances, then ready).
             m.d.sync += [
                 load_bank.eq(~load_bank),
                 pending.eq(0),
@@ -133,42 +134,43 @@ class TensorEngine(wiring.Component):
         # -- the array ---------------------------------------------------------------------
         pes = [[ProcessingElement(in_bits=cfg.in_bits, acc_bits=cfg.acc_bits)
                 for _ in range(cols)] for _ in range(rows)]
-        for k in range(rows):
-            for n in range(cols):
-                m.submodules[f"pe_{k}_{n}"] = pes[k][n]
+        for row in range(rows):
+            for col in range(cols):
+                m.submodules[f"pe_{row}_{col}"] = pes[row][col]
 
-        for k in range(rows):
-            # Skew: row k sees the vector k cycles after row 0, in step with the partial
-            # sums coming down from the rows above.
-            x, bank = self.moving.payload.data[k], vector_bank
-            for stage in range(k):
-                x_reg = Signal(signed(cfg.in_bits), name=f"skew_x_{k}_{stage}")
-                bank_reg = Signal(name=f"skew_bank_{k}_{stage}")
+        for row in range(rows):
+            # Skew: row k sees a vector k cycles after row 0, in step with the partial sums
+            # coming down from the rows above.
+            x, bank = self.moving.payload.data[row], vector_bank
+            for stage in range(row):
+                x_reg = Signal(signed(cfg.in_bits), name=f"skew_x_{row}_{stage}")
+                bank_reg = Signal(name=f"skew_bank_{row}_{stage}")
                 with m.If(advance):
                     m.d.sync += [x_reg.eq(x), bank_reg.eq(bank)]
                 x, bank = x_reg, bank_reg
-            for n in range(cols):
-                pe = pes[k][n]
+            for col in range(cols):
+                pe = pes[row][col]
+                left = pes[row][col - 1] if col else None
                 m.d.comb += [
                     pe.enable.eq(advance),
-                    pe.x_in.eq(x if n == 0 else pes[k][n - 1].x_out),
-                    pe.bank_in.eq(bank if n == 0 else pes[k][n - 1].bank_out),
-                    pe.psum_in.eq(0 if k == 0 else pes[k - 1][n].psum_out),
-                    pe.weight_we.eq(load & (load_column == n)),
+                    pe.x_in.eq(left.x_out if left else x),
+                    pe.bank_in.eq(left.bank_out if left else bank),
+                    pe.psum_in.eq(pes[row - 1][col].psum_out if row else 0),
+                    pe.weight_we.eq(load & (load_column == col)),
                     pe.weight_bank.eq(load_bank),
-                    pe.weight_data.eq(self.stationary.payload.data[k]),
+                    pe.weight_data.eq(self.stationary.payload.data[row]),
                 ]
 
         # -- de-skew and result ------------------------------------------------------------
-        # Column n leaves the array n cycles after column 0; delay it by cols-1-n more.
-        for n in range(cols):
-            value = pes[rows - 1][n].psum_out
-            for stage in range(cols - 1 - n):
-                value_reg = Signal(signed(cfg.acc_bits), name=f"deskew_{n}_{stage}")
+        # Column m leaves the array m cycles after column 0; delay it by M-1-m more.
+        for col in range(cols):
+            value = pes[rows - 1][col].psum_out
+            for stage in range(cols - 1 - col):
+                value_reg = Signal(signed(cfg.acc_bits), name=f"deskew_{col}_{stage}")
                 with m.If(advance):
                     m.d.sync += value_reg.eq(value)
                 value = value_reg
-            m.d.comb += self.result.payload.data[n].eq(value)
+            m.d.comb += self.result.payload.data[col].eq(value)
 
         # valid and last travel with the vector: K + M - 1 stages to the result.
         depth = rows + cols - 1
