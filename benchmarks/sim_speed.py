@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from opentrn import config
+from opentrn.report import markdown_table
 from opentrn.sim import runner
 
 SHORT_CASES = 10
@@ -85,10 +86,7 @@ def main(argv=None):
         return 0
     headers = ["preset", "array", "sim", "verilog_s", "build_s", "matmuls", "cycles",
                "run_s", "startup_s", "cycles_per_s", "first_run_total_s"]
-    print("| " + " | ".join(headers) + " |")
-    print("|" + "---|" * len(headers))
-    for row in rows:
-        print("| " + " | ".join(str(row[h]) for h in headers) + " |")
+    print(markdown_table(rows, headers))
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 
 from opentrn import config
 from opentrn.golden import tensor_engine as golden
+from opentrn.report import markdown_table
 from opentrn.sim import runner
 
 
@@ -62,10 +63,7 @@ def main(argv=None):
         return 0
     headers = ["preset", "array", "n", "tile", "interval_formula", "interval_measured",
                "utilization", "idle_cycles", "matmuls"]
-    print("| " + " | ".join(headers) + " |")
-    print("|" + "---|" * len(headers))
-    for row in rows:
-        print("| " + " | ".join(str(row[h]) for h in headers) + " |")
+    print(markdown_table(rows, headers))
     return 0
 
 

@@ -119,21 +119,21 @@ def test_bad_types_and_keys_from_python():
         config.preset("huge")
 
 
-def test_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="no such file"):
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="file=.*missing.toml': no such file"):
         config.resolve(file=tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("pe_rows = [", "not valid TOML"),
+    ("pe_rowz = 4\n", "pe_rowz: unknown configuration key"),
+    ("[core]\npe_rows = 4\n", "core: tables are not configuration keys"),
+    ('pe_rows = "8"\n', "pe_rows='8': must be of type int"),
+])
+def test_file_errors(tmp_path, text, message):
     bad = tmp_path / "bad.toml"
-    bad.write_text("pe_rows = [")
-    with pytest.raises(ConfigError, match="not valid TOML"):
-        config.resolve(file=bad)
-    bad.write_text("pe_rowz = 4\n")
-    with pytest.raises(ConfigError, match="pe_rowz: unknown configuration key"):
-        config.resolve(file=bad)
-    bad.write_text("[core]\npe_rows = 4\n")
-    with pytest.raises(ConfigError, match="core: tables are not configuration keys"):
-        config.resolve(file=bad)
-    bad.write_text('pe_rows = "8"\n')
-    with pytest.raises(ConfigError, match="pe_rows='8': must be of type int"):
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=message):
         config.resolve(file=bad)
 
 

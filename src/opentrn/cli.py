@@ -14,6 +14,7 @@ from pathlib import Path
 
 from opentrn import config as configuration
 from opentrn.config import ConfigError
+from opentrn.report import key_value_table
 
 __all__ = ["main"]
 
@@ -39,11 +40,6 @@ def _add_config_options(parser):
 
 def _config(args):
     return configuration.resolve(args.preset, args.file, args.overrides)
-
-
-def _table(rows):
-    width = max(len(key) for key, _ in rows)
-    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -125,7 +121,7 @@ def _cmd_demo(args):
         rows += [("waves", report["vcd"] or "(none: --waves FILE.vcd)"),
                  ("result", verdict if stats else f"FAIL: simulation did not finish, see "
                                                   f"{report['log']}")]
-        print(_table(rows))
+        print(key_value_table(rows))
     return 0 if report["passed"] else 1
 
 
