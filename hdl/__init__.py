@@ -1,13 +1,24 @@
 """The hardware, in Amaranth HDL: one block per module."""
 
+from amaranth.hdl import Const, ValueCastable
+
+from .dma import DMA
+from .memory_system import MemorySystem
 from .processing_element import ProcessingElement
+from .psum import PSUM
+from .sbuf import SBUF
 from .tensor_engine import TensorEngine
 
-__all__ = ["ProcessingElement", "TensorEngine", "TOPS", "toplevel"]
+__all__ = ["ProcessingElement", "TensorEngine", "SBUF", "PSUM", "DMA", "MemorySystem", "TOPS",
+           "toplevel", "ports"]
 
 #: Blocks that can be a simulation or Verilog top level, by name.
 TOPS = {
     "tensor_engine": TensorEngine,
+    "sbuf": SBUF,
+    "psum": PSUM,
+    "dma": DMA,
+    "memory_system": MemorySystem,
 }
 
 
@@ -16,3 +27,21 @@ def toplevel(name, config):
     if name not in TOPS:
         raise ValueError(f"top={name!r}: must be one of {', '.join(TOPS)}")
     return TOPS[name](config=config)
+
+
+def ports(component):
+    """The ``ports=`` argument of ``amaranth.back.verilog.convert`` for a top level:
+    ``None`` (Amaranth's own port list) unless a member is constant. The ``ready`` of an
+    ``always_ready`` stream is ``Const(1)``, which Amaranth's own list includes and then
+    refuses as a port; here it is left out, and the other members keep their path names
+    (``te_read__request__valid``)."""
+    result, constant = {}, False
+    for path, _member, value in component.signature.flatten(component):
+        if isinstance(value, ValueCastable):
+            value = value.as_value()
+        if isinstance(value, Const):
+            constant = True
+            continue
+        # Direction None: Amaranth infers it (driven inside: output; else input).
+        result["__".join(map(str, path))] = (value, None)
+    return result if constant else None

@@ -116,9 +116,10 @@ class _IcarusVcd(Icarus):
 # -- building ---------------------------------------------------------------------------------
 
 def _hardware_digest():
-    """Hash of the hardware source, so that a change to hdl/ invalidates cached builds."""
+    """Hash of the hardware source and of this build recipe, so that a change to either
+    invalidates cached builds."""
     digest = hashlib.sha256()
-    for path in sorted(Path(hdl.__file__).parent.glob("*.py")):
+    for path in [*sorted(Path(hdl.__file__).parent.glob("*.py")), Path(__file__)]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
@@ -131,7 +132,8 @@ def cache_root():
 def verilog_source(config, top="tensor_engine"):
     """The Verilog text of ``top`` sized by ``config``."""
     from amaranth.back import verilog
-    return verilog.convert(hdl.toplevel(top, config), name=top)
+    component = hdl.toplevel(top, config)
+    return verilog.convert(component, name=top, ports=hdl.ports(component))
 
 
 @contextmanager
@@ -192,7 +194,10 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
                 "  end\n"
                 "endmodule\n")
             sources.append(dump)
-            build_args = ["-s", _DUMP_MODULE]
+            # Verilog-2005 semantics (after cocotb's -g2012): Yosys starts every always @*
+            # block with an event from an initialised register, which under SystemVerilog
+            # rules never fires, leaving combinational outputs X until an input changes.
+            build_args = ["-s", _DUMP_MODULE, "-g2005"]
         else:
             build_args = ["-Wno-fatal"]
         _say(progress, f"building the {sim} model")
@@ -217,15 +222,17 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
 def lint(verilog_file, top):
     """Run ``verilator --lint-only`` on a Verilog file; return ``(ok, output)``.
 
-    ``-Wno-WIDTH`` because Yosys writes operands of mixed widths (``$signed(a) + $signed(b)``
-    with b narrower), which Verilog defines exactly and Verilator would only warn about;
-    every other default warning stays on and counts as a failure.
+    Two warnings are off, both about constructs that Yosys writes and Verilog defines
+    exactly: ``WIDTH`` (operands of mixed widths, ``$signed(a) + $signed(b)`` with ``b``
+    narrower) and ``CASEINCOMPLETE`` (a ``casez`` on an FSM state without a default, where
+    the other states need no assignment). Every other default warning counts as a failure.
     """
     reason = available("verilator")
     if reason is not None:
         raise SimulatorMissing(reason)
     completed = subprocess.run(
-        ["verilator", "--lint-only", "-Wno-WIDTH", "--top-module", top, str(verilog_file)],
+        ["verilator", "--lint-only", "-Wno-WIDTH", "-Wno-CASEINCOMPLETE", "--top-module", top,
+         str(verilog_file)],
         capture_output=True, text=True, check=False)
     output = completed.stdout + completed.stderr
     return completed.returncode == 0 and "%Error" not in output \

@@ -116,9 +116,10 @@ class ClockDomain:
 
 
 class _Port:
-    def __init__(self, domain, dut, name, layout):
+    def __init__(self, domain, dut, name, layout, *, has_ready=True):
         self.valid = getattr(dut, f"{name}__valid")
-        self.ready = getattr(dut, f"{name}__ready")
+        # An always-ready stream has no ready port (its ready is a constant 1).
+        self.ready = getattr(dut, f"{name}__ready") if has_ready else None
         self.payload = getattr(dut, f"{name}__payload")
         self.codec = PayloadCodec(layout)
         self.name = name
@@ -131,7 +132,10 @@ class StreamSource(_Port):
     between beats; ``valid`` never depends on ``ready`` and the payload is held until the
     transfer, as the stream rules require.
 
-    ``accepted`` records ``(cycle, payload)`` of each transfer.
+    ``accepted`` records ``(cycle, payload)`` of each transfer, and ``offered`` the cycle in
+    which the same beat was first presented (``valid`` rose), so that waits can be measured.
+    ``send(payload, idle=n)`` keeps ``valid`` low for ``n`` cycles before that beat, for
+    directed timing.
     """
 
     def __init__(self, domain, dut, name, layout, *, gaps=0.0, rng=None):
@@ -140,11 +144,15 @@ class StreamSource(_Port):
         self.rng = rng or random.Random(0)
         self.queue = deque()
         self.accepted = []
+        self.offered = []
         self.valid.value = 0
         self._presenting = False
+        self._offered_at = None
+        self._idle = deque()
 
-    def send(self, payload):
+    def send(self, payload, *, idle=0):
         self.queue.append(payload)
+        self._idle.append(idle)
 
     @property
     def idle(self):
@@ -152,6 +160,10 @@ class StreamSource(_Port):
 
     def drive(self):
         if not self._presenting:
+            if self._idle and self._idle[0] > 0 and len(self._idle) == len(self.queue):
+                self._idle[0] -= 1
+                self.valid.value = 0
+                return
             # A beat once presented stays (valid high, payload held) until it transfers.
             self._presenting = bool(self.queue) and not (
                 self.gaps and self.rng.random() < self.gaps)
@@ -160,26 +172,41 @@ class StreamSource(_Port):
             self.valid.value = int(self._presenting)
 
     def sample(self, cycle):
+        if self._presenting and self._offered_at is None:
+            self._offered_at = cycle
         if self._presenting and self.ready.value:
             self.accepted.append((cycle, self.queue.popleft()))
+            self.offered.append(self._offered_at)
+            if len(self._idle) > len(self.queue):
+                self._idle.popleft()
             self._presenting = False
+            self._offered_at = None
 
 
 class StreamSink(_Port):
     """Receives a stream from the design. With ``backpressure`` > 0, ``ready`` is low for a
     random cycle with that probability. ``received`` records ``(cycle, view)`` of each
-    transfer, the payload decoded by :class:`PayloadCodec` (``payload["data"][i]`` etc.)."""
+    transfer, the payload decoded by :class:`PayloadCodec` (``payload["data"][i]`` etc.).
+    With ``always_ready`` the stream has no ready port (``stream.Signature(...,
+    always_ready=True)``): every cycle with ``valid`` high is a beat."""
 
-    def __init__(self, domain, dut, name, layout, *, backpressure=0.0, rng=None):
-        super().__init__(domain, dut, name, layout)
+    def __init__(self, domain, dut, name, layout, *, backpressure=0.0, rng=None,
+                 always_ready=False):
+        if always_ready and backpressure:
+            raise ValueError(f"{name}: an always-ready stream cannot take back-pressure")
+        super().__init__(domain, dut, name, layout, has_ready=not always_ready)
         self.backpressure = backpressure
         self.rng = rng or random.Random(0)
         self.received = []
-        self.ready.value = 0
-        self._ready = False
+        self.always_ready = always_ready
+        if not always_ready:
+            self.ready.value = 0
+        self._ready = always_ready
         self._waiting = None
 
     def drive(self):
+        if self.always_ready:
+            return
         ready = not (self.backpressure and self.rng.random() < self.backpressure)
         if ready != self._ready:
             self.ready.value = int(ready)

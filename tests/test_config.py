@@ -141,3 +141,21 @@ def test_digest_tracks_every_field():
     tiny = config.preset("tiny")
     assert tiny.digest() == config.preset("tiny").digest()
     assert tiny.digest() != tiny.replace(acc_bits=16).digest()
+
+
+
+@pytest.mark.parametrize("overrides, message, whole", [
+    (["dma_bus_bytes=128", "sbuf_bytes_per_partition=192"],
+     "sbuf_bytes_per_partition=192: must be a multiple of dma_bus_bytes=128",
+     ["dma_bus_bytes=128", "sbuf_bytes_per_partition=256"]),
+    (["psum_banks=1", "psum_bank_entries=1", "moving_max=1"],
+     "psum_bank_entries=1: psum_banks * psum_bank_entries * 4 = 4 bytes must be a multiple "
+     "of dma_bus_bytes=8",
+     ["psum_banks=1", "psum_bank_entries=2", "moving_max=1"]),
+])
+def test_buffers_are_whole_bus_words(overrides, message, whole):
+    with pytest.raises(ConfigError) as info:
+        config.resolve("tiny", overrides=overrides)
+    assert message in str(info.value)
+    # Whole bus words are accepted.
+    config.resolve("tiny", overrides=whole)

@@ -143,6 +143,15 @@ class Config:
              "(one matmul writes one PSUM bank)")
         rule("dma_bus_bytes", _is_pow2(self.dma_bus_bytes) and 4 <= self.dma_bus_bytes <= 128,
              "must be a power of two between 4 and 128 (AXI4 data width 32 to 1024 bits)")
+        # The SBUF and PSUM are stored in words of one DMA bus beat.
+        rule("sbuf_bytes_per_partition",
+             self.sbuf_bytes_per_partition % self.dma_bus_bytes == 0,
+             f"must be a multiple of dma_bus_bytes={self.dma_bus_bytes} (SBUF words are one "
+             "DMA bus beat)")
+        psum_bytes = self.psum_banks * self.psum_bank_entries * 4
+        rule("psum_bank_entries", psum_bytes % self.dma_bus_bytes == 0,
+             f"psum_banks * psum_bank_entries * 4 = {psum_bytes} bytes must be a multiple of "
+             f"dma_bus_bytes={self.dma_bus_bytes} (PSUM words are one DMA bus beat)")
         rule("dma_engines", 1 <= self.dma_engines <= 64, "must be between 1 and 64")
         rule("hbm_bytes", self.hbm_bytes % 4096 == 0 and 4096 <= self.hbm_bytes <= 2**48,
              "must be a multiple of 4096 (one AXI4 burst boundary) between 4 KiB and 256 TiB")

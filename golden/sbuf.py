@@ -1,0 +1,38 @@
+"""Golden model of :mod:`opentrn.hdl.sbuf`: the SBUF image with the operations of its ports."""
+
+from .partitioned_memory import PartitionedMemory
+
+__all__ = ["SBUF", "geometry"]
+
+
+def geometry(config):
+    """``(partitions, word_bytes, depth)`` of the SBUF of ``config`` (words of one DMA bus
+    beat)."""
+    word_bytes = config.dma_bus_bytes
+    return (config.sbuf_partitions, word_bytes,
+            config.sbuf_bytes_per_partition // word_bytes)
+
+
+class SBUF(PartitionedMemory):
+    """``image[p, b]`` is byte ``b`` of partition ``p``. The engine ports read and write
+    vectors (one word index, every partition); the DMA ports single words."""
+
+    def __init__(self, config):
+        partitions, word_bytes, depth = geometry(config)
+        super().__init__(partitions=partitions, word_bytes=word_bytes, depth=depth)
+        self.config = config
+
+    def te_read(self, word):
+        return self.vector_read(word)
+
+    def act_read(self, word):
+        return self.vector_read(word)
+
+    def act_write(self, word, data, strobe=None):
+        self.vector_write(word, data, strobe)
+
+    def dma_read(self, partition, word):
+        return self.word_read(partition, word)
+
+    def dma_write(self, partition, word, data, strobe=None):
+        self.word_write(partition, word, data, strobe)

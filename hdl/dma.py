@@ -1,0 +1,426 @@
+"""The DMA engine: descriptors move tensors between HBM (through an AXI4 manager port), the
+state buffer (SBUF) and the partial-sum buffer (PSUM), with up to 3-D access patterns."""
+
+import enum
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2, exact_log2
+
+from .access_pattern import AccessPatternWalker
+from .axi4 import BURST_INCR, RESP_DECERR, RESP_OKAY, AXI4Signature
+from .byte_gearbox import ByteGearbox
+from .partitioned_memory import (
+    read_signature,
+    word_request_layout,
+    word_response_layout,
+    word_write_layout,
+)
+
+__all__ = ["DMA", "Space", "ErrorCode", "descriptor_layout", "buffer_geometry", "SIZE_BITS",
+           "PARTITION_BITS"]
+
+SIZE_BITS = 16          # n0, n1, n2: up to 65535 each
+PARTITION_BITS = 8      # partitions, and partition steps, up to 255
+QUEUE_DEPTH = 4         # descriptors waiting behind the running one
+MAX_BURST = 64          # beats per AXI4 burst (AXI4 allows 256)
+MAX_OUTSTANDING = 4     # AXI4 bursts in flight per direction: 256 beats hide 100+ cycles
+GEARBOX_WORDS = 4       # realignment buffer, in bus words
+
+
+class Space(enum.IntEnum):
+    """Where one side of a descriptor lives."""
+    HBM = 0
+    SBUF = 1
+    PSUM = 2
+
+
+class ErrorCode(enum.IntEnum):
+    """The status code of a finished descriptor (docs/architecture.md, "DMA errors")."""
+    OK = 0
+    ZERO_SIZE = 1        # n0, n1 or n2 is zero: nothing moves
+    BAD_SPACE = 2        # a side names space 3: nothing moves
+    SRC_BOUNDS = 3       # the source pattern leaves HBM, or the buffer's partitions or bytes
+    DST_BOUNDS = 4       # the same for the destination
+    OVERLAP = 5          # source and destination in one space share bytes: nothing moves
+    READ_SLVERR = 6      # an HBM read beat answered SLVERR: its bytes are not written
+    READ_DECERR = 7      # ... DECERR
+    WRITE_SLVERR = 8     # an HBM write burst answered SLVERR (the memory dropped it)
+    WRITE_DECERR = 9     # ... DECERR
+
+
+def buffer_geometry(config, space):
+    """``(partitions, bytes_per_partition)`` of a buffer space."""
+    if space == Space.SBUF:
+        return config.sbuf_partitions, config.sbuf_bytes_per_partition
+    if space == Space.PSUM:
+        return config.pe_cols, config.psum_banks * config.psum_bank_entries * 4
+    raise ValueError(f"space={space!r}: not a buffer")
+
+
+def _addr_bits(config):
+    largest = max(config.hbm_bytes, config.sbuf_bytes_per_partition,
+                  config.psum_banks * config.psum_bank_entries * 4)
+    return max(config.hbm_addr_bits, ceil_log2(largest))
+
+
+def descriptor_layout(config):
+    """One descriptor. Row ``(i1, i2)`` of ``n0 << elem_log2`` contiguous bytes is copied
+    from ``src.addr + i1 * src.stride1 + i2 * src.stride2`` to the same on the ``dst`` side.
+    On HBM, ``addr`` is a byte address; on SBUF or PSUM it is the byte offset in partition
+    ``partition + i1 * pstep1 + i2 * pstep2``. The element size only scales ``n0``."""
+    addr_bits = _addr_bits(config)
+    side = data.StructLayout({
+        "addr": addr_bits, "partition": PARTITION_BITS,
+        "stride1": addr_bits, "stride2": addr_bits,
+        "pstep1": PARTITION_BITS, "pstep2": PARTITION_BITS,
+    })
+    return data.StructLayout({
+        "src_space": 2, "dst_space": 2, "elem_log2": 2,
+        "n0": SIZE_BITS, "n1": SIZE_BITS, "n2": SIZE_BITS,
+        "src": side, "dst": side,
+    })
+
+
+class DMA(wiring.Component):
+    """One DMA engine: a queue of descriptors, executed one at a time.
+
+    Every side is walked row by row and bus word by bus word (:class:`AccessPatternWalker`):
+    the source side issues reads (AXI4 INCR bursts of up to 64 beats that never cross 4 KiB,
+    up to 4 in flight; or one buffer word per cycle), the bytes of each response go through a
+    realignment buffer (:class:`ByteGearbox`), and the destination side writes them (AXI4
+    bursts with byte strobes, up to 4 awaiting their response; or buffer words with byte
+    enables). Source and destination lanes need not agree: any byte alignment works.
+
+    A descriptor is checked before anything moves (zero size, bad space, bounds, overlap);
+    an AXI4 error response does not stop it: the bytes of an erroring read beat are not
+    written, and the memory drops an erroring write burst; the descriptor runs to its end
+    so that nothing is left in flight. Then it finishes with its :class:`ErrorCode`: ``done``
+    pulses, ``completed`` counts it, and a non-zero code sets ``error`` and ``error_code``,
+    which hold, and keep the next descriptor waiting, until ``clear``.
+
+    Members
+    -------
+    descriptor : ``In(stream.Signature(descriptor_layout(config)))``
+        The descriptor queue (4 deep behind the running one).
+    axi : ``Out(AXI4Signature(addr_width=hbm_addr_bits, data_width=8 * dma_bus_bytes))``
+        The HBM port.
+    sbuf_read, psum_read : ``Out(read_signature(word_request_layout, word_response_layout))``
+        Word reads of a buffer (its ``dma_read`` port): ``request.payload.{partition,
+        word}``, answered by ``response.payload.data`` the cycle after the request.
+    sbuf_write, psum_write : ``Out(stream.Signature(word_write_layout))``
+        Word writes of a buffer (its ``dma_write`` port), with byte enables.
+    done : ``Out(1)``
+        Pulses for one cycle when a descriptor finishes (with or without an error); in that
+        cycle ``completed``, ``error`` and ``error_code`` already show it.
+    completed : ``Out(32)``
+        Descriptors finished since reset.
+    busy : ``Out(1)``
+        A descriptor is being executed.
+    error : ``Out(1)``, ``error_code`` : ``Out(4)``
+        The code of the last failed descriptor, held until ``clear``.
+    clear : ``In(1)``
+        Clear ``error`` so that the queue moves on.
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        word_bytes = config.dma_bus_bytes
+        self._word_bytes = word_bytes
+        buffers = {}
+        for space in (Space.SBUF, Space.PSUM):
+            partitions, size = buffer_geometry(config, space)
+            buffers[space] = (partitions, size // word_bytes)
+        self._buffers = buffers
+        members = {
+            "descriptor": In(stream.Signature(descriptor_layout(config))),
+            "axi": Out(AXI4Signature(addr_width=config.hbm_addr_bits,
+                                     data_width=8 * word_bytes)),
+            "done": Out(1), "completed": Out(32), "busy": Out(1),
+            "error": Out(1), "error_code": Out(4), "clear": In(1),
+        }
+        for space, name in ((Space.SBUF, "sbuf"), (Space.PSUM, "psum")):
+            partitions, depth = buffers[space]
+            members[f"{name}_read"] = Out(read_signature(
+                word_request_layout(partitions, depth), word_response_layout(word_bytes)))
+            members[f"{name}_write"] = Out(stream.Signature(
+                word_write_layout(partitions, depth, word_bytes)))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        cfg = self._config
+        width = self._word_bytes
+        shift = exact_log2(width)
+        addr_bits = _addr_bits(cfg)
+        m = Module()
+
+        m.submodules.queue = queue = fifo.SyncFIFOBuffered(
+            width=descriptor_layout(cfg).size, depth=QUEUE_DEPTH)
+        m.d.comb += [
+            queue.w_data.eq(self.descriptor.payload),
+            queue.w_en.eq(self.descriptor.valid),
+            self.descriptor.ready.eq(queue.w_rdy),
+        ]
+        desc = Signal(descriptor_layout(cfg))
+        row_bytes = Signal(SIZE_BITS + 3)
+        m.d.comb += row_bytes.eq(desc.n0 << desc.elem_log2)
+
+        def walker():
+            return AccessPatternWalker(
+                word_bytes=width, addr_bits=addr_bits, partition_bits=PARTITION_BITS,
+                size_bits=SIZE_BITS, row_bytes_bits=SIZE_BITS + 3, max_burst=MAX_BURST)
+
+        # Requests and responses of each side walk the same pattern independently, so a
+        # response needs no record of the request it answers.
+        m.submodules.src_issue = src_issue = walker()
+        m.submodules.src_take = src_take = walker()
+        m.submodules.dst_issue = dst_issue = walker()
+        m.submodules.dst_put = dst_put = walker()
+        start = Signal()
+        for walk, side in ((src_issue, desc.src), (src_take, desc.src),
+                           (dst_issue, desc.dst), (dst_put, desc.dst)):
+            m.d.comb += [
+                walk.load.eq(start),
+                walk.addr.eq(side.addr), walk.partition.eq(side.partition),
+                walk.stride1.eq(side.stride1), walk.stride2.eq(side.stride2),
+                walk.pstep1.eq(side.pstep1), walk.pstep2.eq(side.pstep2),
+                walk.n1.eq(desc.n1), walk.n2.eq(desc.n2), walk.row_bytes.eq(row_bytes),
+            ]
+
+        capacity = GEARBOX_WORDS * width
+        m.submodules.gearbox = gearbox = ByteGearbox(word_bytes=width, capacity=capacity)
+
+        running = Signal()
+        code = Signal(4)                   # first error of the running descriptor
+
+        # Read errors arrive in the order of the source bytes, write errors in the order of
+        # the destination bursts, but the two are not ordered in time; a read error wins so
+        # that the code does not depend on the memory's timing.
+        def record(error, *, read):
+            overridable = (code == ErrorCode.OK) | (
+                (code >= ErrorCode.WRITE_SLVERR) if read else 0)
+            with m.If(overridable):
+                m.d.sync += code.eq(error)
+
+        src_hbm = desc.src_space == Space.HBM
+        dst_hbm = desc.dst_space == Space.HBM
+
+        # -- source: HBM reads ------------------------------------------------------------
+        axi = self.axi
+        reads_in_flight = Signal(range(MAX_OUTSTANDING + 1))
+        m.d.comb += [
+            axi.arid.eq(0), axi.araddr.eq(src_issue.address), axi.arsize.eq(shift),
+            axi.arburst.eq(BURST_INCR), axi.arlen.eq(src_issue.burst_words - 1),
+            axi.arvalid.eq(running & src_hbm & src_issue.active
+                           & (reads_in_flight < MAX_OUTSTANDING)),
+            # Take a beat only while a whole word fits: no path from the pop to the push.
+            axi.rready.eq(running & src_hbm & src_take.active
+                          & (gearbox.level <= capacity - width)),
+        ]
+        ar_sent = axi.arvalid & axi.arready
+        r_taken = axi.rvalid & axi.rready
+        last_taken = r_taken & axi.rlast
+        with m.If(ar_sent & ~last_taken):
+            m.d.sync += reads_in_flight.eq(reads_in_flight + 1)
+        with m.Elif(~ar_sent & last_taken):
+            m.d.sync += reads_in_flight.eq(reads_in_flight - 1)
+        with m.If(r_taken & (axi.rresp != RESP_OKAY)):
+            record(Mux(axi.rresp == RESP_DECERR, ErrorCode.READ_DECERR, ErrorCode.READ_SLVERR),
+                   read=True)
+
+        # -- source: buffer reads ---------------------------------------------------------
+        # A response cannot wait, so a request goes out only when its word is sure to fit.
+        words_in_flight = Signal(range(3))
+        buffer_request = Signal()
+        m.d.comb += buffer_request.eq(
+            running & ~src_hbm & src_issue.active
+            & (gearbox.level + (words_in_flight + 1) * width <= capacity))
+        requested = Signal()
+        responses = []
+        for space, port in ((Space.SBUF, self.sbuf_read), (Space.PSUM, self.psum_read)):
+            chosen = desc.src_space == space
+            m.d.comb += [
+                port.request.valid.eq(buffer_request & chosen),
+                port.request.payload.partition.eq(src_issue.row_partition),
+                port.request.payload.word.eq(src_issue.word),
+            ]
+            with m.If(port.request.valid & port.request.ready):
+                m.d.comb += requested.eq(1)
+            responses.append((chosen & port.response.valid, port.response.payload.data))
+        responded = Signal()
+        response = Signal(data.ArrayLayout(8, width))
+        for valid, payload in responses:
+            with m.If(valid):
+                m.d.comb += [responded.eq(1), response.eq(payload)]
+        with m.If(requested & ~responded):
+            m.d.sync += words_in_flight.eq(words_in_flight + 1)
+        with m.Elif(~requested & responded):
+            m.d.sync += words_in_flight.eq(words_in_flight - 1)
+
+        m.d.comb += [
+            src_issue.step.eq(ar_sent | requested),
+            src_issue.step_words.eq(Mux(src_hbm, src_issue.burst_words, 1)),
+        ]
+
+        # -- into the realignment buffer --------------------------------------------------
+        arrived = Signal()
+        arrived_word = Signal(8 * width)
+        arrived_bad = Signal()
+        m.d.comb += [
+            arrived.eq(r_taken | responded),
+            arrived_word.eq(Mux(src_hbm, axi.rdata, response.as_value())),
+            arrived_bad.eq(r_taken & (axi.rresp != RESP_OKAY)),
+            src_take.step.eq(arrived),
+            src_take.step_words.eq(1),
+        ]
+        with m.If(arrived):
+            m.d.comb += [
+                gearbox.push_count.eq(src_take.last_lane - src_take.first_lane + 1),
+                gearbox.push_data.eq(arrived_word >> (src_take.first_lane * 8)),
+                gearbox.push_poison.eq(arrived_bad.replicate(width)),
+            ]
+
+        # -- destination ------------------------------------------------------------------
+        need = Signal(range(width + 1))
+        m.d.comb += need.eq(dst_put.last_lane - dst_put.first_lane + 1)
+        have = running & dst_put.active & (gearbox.level >= need)
+        lanes = Signal(width)
+        m.d.comb += lanes.eq(((1 << need) - 1) << dst_put.first_lane)
+        out_data = Signal(8 * width)
+        out_strobe = Signal(width)
+        m.d.comb += [
+            out_data.eq(gearbox.head.as_value() << (dst_put.first_lane * 8)),
+            out_strobe.eq(lanes & ~(gearbox.head_poison << dst_put.first_lane)),
+        ]
+
+        # HBM writes: AW bursts run ahead of the data, at most MAX_OUTSTANDING unanswered.
+        bursts_sent = Signal(range(MAX_OUTSTANDING + 1))      # AW sent, B not yet back
+        bursts_unwritten = Signal(range(MAX_OUTSTANDING + 1))  # AW sent, W not yet done
+        m.d.comb += [
+            axi.awid.eq(0), axi.awaddr.eq(dst_issue.address), axi.awsize.eq(shift),
+            axi.awburst.eq(BURST_INCR), axi.awlen.eq(dst_issue.burst_words - 1),
+            axi.awvalid.eq(running & dst_hbm & dst_issue.active
+                           & (bursts_sent < MAX_OUTSTANDING)),
+            dst_issue.step.eq(axi.awvalid & axi.awready),
+            dst_issue.step_words.eq(dst_issue.burst_words),
+        ]
+        in_burst = Signal()
+        beats_left = Signal(range(MAX_BURST + 1))
+        m.d.comb += [
+            axi.wvalid.eq(have & dst_hbm & (bursts_unwritten != 0)),
+            axi.wdata.eq(out_data), axi.wstrb.eq(out_strobe),
+            axi.wlast.eq(Mux(in_burst, beats_left == 1, dst_put.burst_words == 1)),
+            axi.bready.eq(running),
+        ]
+        aw_sent = axi.awvalid & axi.awready
+        w_sent = axi.wvalid & axi.wready
+        w_last_sent = w_sent & axi.wlast
+        b_taken = axi.bvalid & axi.bready
+        with m.If(w_sent):
+            m.d.sync += [in_burst.eq(~axi.wlast),
+                         beats_left.eq(Mux(in_burst, beats_left, dst_put.burst_words) - 1)]
+        m.d.sync += [
+            bursts_sent.eq(bursts_sent + aw_sent - b_taken),
+            bursts_unwritten.eq(bursts_unwritten + aw_sent - w_last_sent),
+        ]
+        with m.If(b_taken & (axi.bresp != RESP_OKAY)):
+            record(Mux(axi.bresp == RESP_DECERR, ErrorCode.WRITE_DECERR,
+                       ErrorCode.WRITE_SLVERR), read=False)
+
+        # Buffer writes.
+        put = Signal()
+        for space, port in ((Space.SBUF, self.sbuf_write), (Space.PSUM, self.psum_write)):
+            m.d.comb += [
+                port.valid.eq(have & (desc.dst_space == space)),
+                port.payload.partition.eq(dst_put.row_partition),
+                port.payload.word.eq(dst_put.word),
+                port.payload.data.eq(out_data),
+                port.payload.strobe.eq(out_strobe),
+            ]
+            with m.If(port.valid & port.ready):
+                m.d.comb += put.eq(1)
+        written = w_sent | put
+        m.d.comb += [
+            dst_put.step.eq(written),
+            dst_put.step_words.eq(1),
+            gearbox.pop_count.eq(Mux(written, need, 0)),
+        ]
+
+        # -- descriptor sequencing --------------------------------------------------------
+        checked = Signal(4)
+        m.d.comb += checked.eq(_check(m, cfg, desc, row_bytes))
+        finished = (~src_take.active & ~dst_put.active & (bursts_sent == 0)
+                    & (reads_in_flight == 0) & (words_in_flight == 0))
+        # Status outputs are registers: no combinational path from the FSM to the ports.
+        m.d.sync += self.done.eq(0)
+        with m.If(self.clear):
+            m.d.sync += self.error.eq(0)
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(queue.r_rdy & ~self.error):
+                    m.d.comb += queue.r_en.eq(1)
+                    m.d.sync += [desc.eq(queue.r_data), self.busy.eq(1)]
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                with m.If(checked != ErrorCode.OK):
+                    m.d.sync += code.eq(checked)
+                    m.next = "FINISH"
+                with m.Else():
+                    m.d.comb += start.eq(1)
+                    m.d.sync += [code.eq(ErrorCode.OK), running.eq(1)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                with m.If(finished):
+                    m.d.sync += running.eq(0)
+                    m.next = "FINISH"
+            with m.State("FINISH"):
+                # done, completed, error and error_code change together.
+                m.d.sync += [self.done.eq(1), self.busy.eq(0),
+                             self.completed.eq(self.completed + 1)]
+                with m.If(code != ErrorCode.OK):
+                    m.d.sync += [self.error.eq(1), self.error_code.eq(code)]
+                m.next = "IDLE"
+        return m
+
+
+def _check(m, cfg, desc, row_bytes):
+    """The descriptor's :class:`ErrorCode` before anything moves (combinational)."""
+    extents = {}
+    for name, side in (("src", desc.src), ("dst", desc.dst)):
+        last_byte = Signal(_addr_bits(cfg) + SIZE_BITS + 4, name=f"{name}_last_byte")
+        last_part = Signal(PARTITION_BITS + SIZE_BITS + 2, name=f"{name}_last_partition")
+        m.d.comb += [
+            last_byte.eq(side.addr + row_bytes - 1 + (desc.n1 - 1) * side.stride1
+                         + (desc.n2 - 1) * side.stride2),
+            last_part.eq(side.partition + (desc.n1 - 1) * side.pstep1
+                         + (desc.n2 - 1) * side.pstep2),
+        ]
+        extents[name] = (side, last_byte, last_part)
+
+    def in_bounds(space, side, last_byte, last_part):
+        sbuf_parts, sbuf_bytes = buffer_geometry(cfg, Space.SBUF)
+        psum_parts, psum_bytes = buffer_geometry(cfg, Space.PSUM)
+        return Mux(space == Space.HBM, last_byte < cfg.hbm_bytes,
+                   Mux(space == Space.SBUF,
+                       (last_part < sbuf_parts) & (last_byte < sbuf_bytes),
+                       (last_part < psum_parts) & (last_byte < psum_bytes)))
+
+    (src, src_last, src_part), (dst, dst_last, dst_part) = extents["src"], extents["dst"]
+    bytes_meet = (src.addr <= dst_last) & (dst.addr <= src_last)
+    parts_meet = (src.partition <= dst_part) & (dst.partition <= src_part)
+    overlap = (desc.src_space == desc.dst_space) & bytes_meet & (
+        (desc.src_space == Space.HBM) | parts_meet)
+
+    result = Signal(4, name="check_result")
+    with m.If((desc.n0 == 0) | (desc.n1 == 0) | (desc.n2 == 0)):
+        m.d.comb += result.eq(ErrorCode.ZERO_SIZE)
+    with m.Elif((desc.src_space == 3) | (desc.dst_space == 3)):
+        m.d.comb += result.eq(ErrorCode.BAD_SPACE)
+    with m.Elif(~in_bounds(desc.src_space, src, src_last, src_part)):
+        m.d.comb += result.eq(ErrorCode.SRC_BOUNDS)
+    with m.Elif(~in_bounds(desc.dst_space, dst, dst_last, dst_part)):
+        m.d.comb += result.eq(ErrorCode.DST_BOUNDS)
+    with m.Elif(overlap):
+        m.d.comb += result.eq(ErrorCode.OVERLAP)
+    return result

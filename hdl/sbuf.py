@@ -1,0 +1,92 @@
+"""The state buffer (SBUF): the core's on-chip working memory, one partition per array row."""
+
+from amaranth import Module
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In
+
+from .partitioned_memory import (
+    PartitionedMemory,
+    read_signature,
+    vector_request_layout,
+    vector_response_layout,
+    vector_write_layout,
+    word_request_layout,
+    word_response_layout,
+    word_write_layout,
+)
+
+__all__ = ["SBUF", "geometry"]
+
+
+def geometry(config):
+    """``(partitions, word_bytes, depth)``: words of one DMA bus beat (``dma_bus_bytes``)."""
+    word_bytes = config.dma_bus_bytes
+    return (config.sbuf_partitions, word_bytes,
+            config.sbuf_bytes_per_partition // word_bytes)
+
+
+class SBUF(wiring.Component):
+    """``sbuf_partitions`` partitions of ``sbuf_bytes_per_partition`` bytes, stored as words
+    of ``dma_bus_bytes`` bytes (W).
+
+    The engines read and write vectors: the word at one index in every partition. One index
+    for all partitions is Trainium's rule that all active partitions of an access use the
+    same free-axis offset; it lets every partition's SRAM share one address. The DMA engine
+    reads and writes single words of one partition.
+
+    Arbitration (:class:`~opentrn.hdl.partitioned_memory.PartitionedMemory`): one read and
+    one write per cycle, in parallel. Reads are round-robin among ``te_read``, ``act_read``,
+    ``dma_read`` (in that order before the first grant), so a waiting reader is granted
+    within 2 cycles; writes are round-robin between ``act_write`` and ``dma_write``, so a
+    waiting writer is granted within 1 cycle. ``ready`` is high only in the granted cycle.
+
+    Timing: a read granted in cycle ``t`` answers in cycle ``t + 1`` (the response streams
+    are always ready: the requester must take it then); a write granted in cycle ``t`` is
+    read back from cycle ``t + 1``; a read of a word written in the same cycle returns the
+    old data.
+
+    Members
+    -------
+    te_read, act_read : ``In(read_signature(vector_request_layout, vector_response_layout))``
+        Vector reads of the tensor engine and the activation engine: ``request.payload.word``
+        → ``response.payload.data``: ``ArrayLayout(ArrayLayout(8, W), sbuf_partitions)``.
+    act_write : ``In(stream.Signature(vector_write_layout))``
+        Vector writes of the activation engine: ``word``, ``data`` (as above), ``strobe``:
+        ``ArrayLayout(W, sbuf_partitions)`` byte enables.
+    dma_read : ``In(read_signature(word_request_layout, word_response_layout))``
+        ``request.payload.{partition, word}`` → ``response.payload.data``:
+        ``ArrayLayout(8, W)``.
+    dma_write : ``In(stream.Signature(word_write_layout))``
+        ``partition``, ``word``, ``data``: ``ArrayLayout(8, W)``, ``strobe``: W bits.
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        partitions, word_bytes, depth = geometry(config)
+        self._geometry = partitions, word_bytes, depth
+        vector_read = read_signature(vector_request_layout(depth),
+                                     vector_response_layout(partitions, word_bytes))
+        super().__init__({
+            "te_read": In(vector_read),
+            "act_read": In(vector_read),
+            "act_write": In(stream.Signature(vector_write_layout(partitions, word_bytes,
+                                                                 depth))),
+            "dma_read": In(read_signature(word_request_layout(partitions, depth),
+                                          word_response_layout(word_bytes))),
+            "dma_write": In(stream.Signature(word_write_layout(partitions, depth,
+                                                               word_bytes))),
+        })
+
+    def elaborate(self, platform):
+        partitions, word_bytes, depth = self._geometry
+        m = Module()
+        m.submodules.memory = memory = PartitionedMemory(
+            partitions=partitions, word_bytes=word_bytes, depth=depth,
+            vector_readers=2, vector_writers=1)
+        flipped = wiring.flipped
+        wiring.connect(m, flipped(self.te_read), memory.vector_read[0])
+        wiring.connect(m, flipped(self.act_read), memory.vector_read[1])
+        wiring.connect(m, flipped(self.act_write), memory.vector_write[0])
+        wiring.connect(m, flipped(self.dma_read), memory.word_read)
+        wiring.connect(m, flipped(self.dma_write), memory.word_write)
+        return m

@@ -1,0 +1,156 @@
+"""The HBM model: cocotbext-axi's AXI4 RAM with a pipelined read latency, random
+back-pressure and injected error responses.
+
+cocotbext-axi's ``AxiRam`` answers one read burst after another with no latency, and only
+ever answers SLVERR. A memory with latency must overlap the latencies of outstanding bursts
+(otherwise no DMA could hide them), and both error responses must be testable, so the read
+and write processes are replaced here; the channels, the byte storage and the protocol
+checks (4 KiB boundaries, burst lengths) remain cocotbext-axi's.
+
+* ``latency``: a read burst's first beat leaves no earlier than ``latency`` cycles after its
+  address was accepted, whatever is in flight before it; a write burst's response likewise
+  after its last data beat.
+* ``backpressure``: probability that a channel's ready (or, on R and B, valid) is held low
+  in a cycle.
+* ``read_errors`` / ``write_errors``: bus word index -> ``"SLVERR"`` or ``"DECERR"``. A read
+  of such a word answers that error (and zero data); a write to one is dropped and its
+  burst answers the error (of its first erroring beat).
+"""
+
+import random
+from collections import deque
+
+from cocotb import start_soon
+from cocotb.triggers import Event, RisingEdge, Timer
+from cocotb.utils import get_sim_time
+from cocotbext.axi import AxiBus, AxiResp
+from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
+from cocotbext.axi.memory import Memory
+
+__all__ = ["HbmModel"]
+
+_RESP = {"SLVERR": AxiResp.SLVERR, "DECERR": AxiResp.DECERR}
+
+
+def _pauses(rng, probability):
+    while True:
+        yield rng.random() < probability
+
+
+class _Timing:
+    def __init__(self, clock, period_ns, latency):
+        self.clock, self.period_ns, self.latency = clock, period_ns, latency
+
+    async def wait_until(self, time_ns):
+        now = get_sim_time("ns")
+        if time_ns > now:
+            await Timer(time_ns - now, "ns")
+            await RisingEdge(self.clock)
+
+
+class _Read(AxiRamRead):
+    def __init__(self, bus, clock, *, mem, timing, errors):
+        self._timing, self._errors = timing, errors
+        super().__init__(bus, clock, mem=mem)
+
+    async def _process_read(self):
+        pending, arrived = deque(), Event()
+        start_soon(self._answer(pending, arrived))
+        while True:
+            ar = await self.ar_channel.recv()
+            ready_at = get_sim_time("ns") + self._timing.latency * self._timing.period_ns
+            pending.append((ready_at, ar))
+            arrived.set()
+
+    async def _answer(self, pending, arrived):
+        lanes = self.byte_lanes
+        while True:
+            while not pending:
+                arrived.clear()
+                await arrived.wait()
+            ready_at, ar = pending.popleft()
+            await self._timing.wait_until(ready_at)
+            address = (int(ar.araddr) // lanes) * lanes
+            beats = int(ar.arlen) + 1
+            assert int(ar.arsize) == lanes.bit_length() - 1, "narrow bursts are not modelled"
+            assert 0x1000 - (address & 0xFFF) >= beats * lanes, "burst crosses 4 KiB"
+            for beat in range(beats):
+                word_address = address + beat * lanes
+                r = self.r_channel._transaction_obj()
+                r.rid = int(ar.arid)
+                r.rlast = beat == beats - 1
+                error = self._errors.get(word_address // lanes)
+                if error is None:
+                    r.rresp = AxiResp.OKAY
+                    r.rdata = int.from_bytes(self.read(word_address % self.size, lanes),
+                                             "little")
+                else:
+                    r.rresp, r.rdata = _RESP[error], 0
+                await self.r_channel.send(r)
+
+
+class _Write(AxiRamWrite):
+    def __init__(self, bus, clock, *, mem, timing, errors):
+        self._timing, self._errors = timing, errors
+        super().__init__(bus, clock, mem=mem)
+
+    async def _process_write(self):
+        lanes = self.byte_lanes
+        responses, arrived = deque(), Event()
+        start_soon(self._respond(responses, arrived))
+        while True:
+            aw = await self.aw_channel.recv()
+            address = (int(aw.awaddr) // lanes) * lanes
+            beats = int(aw.awlen) + 1
+            assert int(aw.awsize) == lanes.bit_length() - 1, "narrow bursts are not modelled"
+            assert 0x1000 - (address & 0xFFF) >= beats * lanes, "burst crosses 4 KiB"
+            resp = AxiResp.OKAY
+            for beat in range(beats):
+                w = await self.w_channel.recv()
+                word_address = address + beat * lanes
+                assert int(w.wlast) == (beat == beats - 1), "wlast on the wrong beat"
+                error = self._errors.get(word_address // lanes)
+                if error is not None:
+                    if resp == AxiResp.OKAY:
+                        resp = _RESP[error]
+                    continue
+                data = int(w.wdata).to_bytes(lanes, "little")
+                strobe = int(w.wstrb)
+                for lane in range(lanes):
+                    if strobe >> lane & 1:
+                        self.write((word_address + lane) % self.size, data[lane:lane + 1])
+            ready_at = get_sim_time("ns") + self._timing.latency * self._timing.period_ns
+            responses.append((ready_at, int(aw.awid), resp))
+            arrived.set()
+
+    async def _respond(self, responses, arrived):
+        while True:
+            while not responses:
+                arrived.clear()
+                await arrived.wait()
+            ready_at, bid, resp = responses.popleft()
+            await self._timing.wait_until(ready_at)
+            b = self.b_channel._transaction_obj()
+            b.bid, b.bresp = bid, resp
+            await self.b_channel.send(b)
+
+
+class HbmModel(Memory):
+    """An AXI4 memory of ``size`` bytes on the manager port ``prefix`` of ``dut``."""
+
+    def __init__(self, dut, prefix, clock, *, size, period_ns, latency=0, backpressure=0.0,
+                 seed=0):
+        super().__init__(size)
+        self.read_errors, self.write_errors = {}, {}
+        bus = AxiBus.from_prefix(dut, prefix)
+        timing = _Timing(clock, period_ns, latency)
+        self.write_if = _Write(bus.write, clock, mem=self.mem, timing=timing,
+                               errors=self.write_errors)
+        self.read_if = _Read(bus.read, clock, mem=self.mem, timing=timing,
+                             errors=self.read_errors)
+        if backpressure:
+            rng = random.Random(seed)
+            for channel in (self.write_if.aw_channel, self.write_if.w_channel,
+                            self.write_if.b_channel, self.read_if.ar_channel,
+                            self.read_if.r_channel):
+                channel.set_pause_generator(_pauses(rng, backpressure))

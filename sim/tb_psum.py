@@ -1,0 +1,272 @@
+"""cocotb testbench of the PSUM (:mod:`opentrn.hdl.psum`), on the memory bench of
+:mod:`opentrn.sim.tb_sbuf` with the golden model :mod:`opentrn.golden.psum`.
+
+A ``te_write`` accepted in cycle ``t`` writes back at the end of cycle ``t + 1`` (the
+documented read-modify-write latency), so the scoreboard replays it there; the arbitrated
+``dma_write`` must get nothing in those cycles. Besides the checks of the SBUF bench, the
+statistics count the hazards the run met: accumulates whose read cycle saw a write to
+their word (the previous ``te_write``'s write-back, ``forwarded_te``, or a ``dma_write``,
+``forwarded_dma``), back-to-back accumulates to one entry, and accumulates that wrapped.
+
+Environment as for :mod:`opentrn.sim.tb_sbuf` (``OPENTRN_OPS``, ``OPENTRN_SEED``, ...).
+"""
+
+import cocotb
+import numpy as np
+
+from opentrn.golden import psum as golden
+from opentrn.golden.processing_element import wrap
+from opentrn.hdl.partitioned_memory import (
+    word_request_layout,
+    word_response_layout,
+    word_write_layout,
+)
+from opentrn.hdl.psum import act_request_layout, act_response_layout, te_write_layout
+
+from .tb_sbuf import MemoryBench, check, report, settings, workload_rng
+
+#: Cycles from a te_write's transfer to the end of the cycle its write-back is committed in.
+TE_WRITE_LATENCY = 1
+
+
+class PSUMBench(MemoryBench):
+    _golden = None          # the memories outlive a test (reset does not clear them)
+
+    def __init__(self, dut, config, *, seed, gaps):
+        if PSUMBench._golden is None:
+            PSUMBench._golden = golden.PSUM(config)
+        super().__init__(dut, PSUMBench._golden, seed=seed)
+        self.config = config
+        parts, width, depth = golden.geometry(config)
+        self.geometry = parts, width, depth
+
+        def act_read(model, request):
+            return {"data": [int(v) for v in model.act_read(request["bank"],
+                                                            request["entry"])]}
+
+        def dma_read(model, request):
+            return {"data": [int(b) for b in model.dma_read(request["partition"],
+                                                            request["word"])]}
+
+        self.read_port("act_read", act_request_layout(config), act_response_layout(config),
+                       act_read, gaps=gaps)
+        self.read_port("dma_read", word_request_layout(parts, depth),
+                       word_response_layout(width), dma_read, gaps=gaps)
+        self.write_port("te_write", te_write_layout(config),
+                        lambda model, r: model.te_write(r["bank"], r["entry"], r["data"],
+                                                        r["accumulate"]),
+                        gaps=gaps, delay=TE_WRITE_LATENCY, arbitrated=False)
+        self.write_port("dma_write", word_write_layout(parts, depth, width),
+                        lambda model, r: model.dma_write(r["partition"], r["word"],
+                                                         r["data"], r["strobe"]),
+                        gaps=gaps)
+
+    def word_of(self, bank, entry):
+        return golden.entry_location(self.config, bank, entry)[0]
+
+    def score(self):
+        config = self.config
+        last_te = {}
+
+        def blocked(events):
+            return {cycle for cycle, kind, name, _, _ in events if name == "te_write"}
+
+        def on_write(cycle, name, payload, write_words, stats):
+            if name != "te_write":
+                return
+            if payload["accumulate"]:
+                # The read happened in the transfer cycle, one before this write-back.
+                read_cycle = cycle - TE_WRITE_LATENCY
+                if write_words.get(read_cycle) == payload["word"]:
+                    if last_te.get("cycle") == read_cycle:
+                        stats["forwarded_te"] += 1
+                        if last_te["entry"] == (payload["bank"], payload["entry"]):
+                            stats["back_to_back_same_entry"] += 1
+                    else:
+                        stats["forwarded_dma"] += 1
+                old = self.golden.act_read(payload["bank"], payload["entry"])
+                exact = old + np.asarray(payload["data"], dtype=np.int64)
+                stats["wrapped"] += int(np.any(wrap(exact, config.acc_bits) != exact))
+                stats["accumulates"] += 1
+            last_te.update(cycle=cycle, entry=(payload["bank"], payload["entry"]))
+
+        # te_write and act_read name an entry, not a word: add it for the bookkeeping.
+        for name in ("te_write", "act_read"):
+            port = self.writes.get(name) or self.reads[name]
+            for (_, payload) in port.request.accepted:
+                payload.setdefault("word", self.word_of(payload["bank"], payload["entry"]))
+        stats = super().score(blocked_writes=blocked, on_write=on_write)
+        for key in ("forwarded_te", "forwarded_dma", "back_to_back_same_entry", "wrapped",
+                    "accumulates"):
+            stats.setdefault(key, 0)
+        return stats
+
+
+def _values(config, rng, count):
+    """``count`` signed acc_bits values: uniform, or (a fifth of the beats) all extremes,
+    so that accumulation wraps."""
+    lo, hi = -(1 << (config.acc_bits - 1)), (1 << (config.acc_bits - 1)) - 1
+    if rng.random() < 0.2:
+        return [int(v) for v in rng.choice([lo, hi, hi // 2 + 1], count)]
+    return [int(v) for v in rng.integers(lo, hi + 1, count)]
+
+
+def te_beat(config, rng, bank, entry, accumulate):
+    return {"bank": int(bank), "entry": int(entry), "accumulate": int(accumulate),
+            "data": _values(config, rng, config.pe_cols)}
+
+
+def dma_write_beat(bench, rng, word, *, partition=None):
+    parts, width, _ = bench.geometry
+    return {"partition": int(rng.integers(parts)) if partition is None else partition,
+            "word": int(word), "data": [int(b) for b in rng.integers(0, 256, width)],
+            "strobe": int(rng.integers(1, 1 << width))}
+
+
+def random_requests(bench, rng, ops):
+    """``ops`` requests on every port; half the te_writes on two hot entries that share a
+    word, accumulate 60% of the time."""
+    config = bench.config
+    parts, width, depth = bench.geometry
+    banks, entries = config.psum_banks, config.psum_bank_entries
+    hot = [(banks - 1, 0), (banks - 1, min(1, entries - 1))]
+    hot_word = bench.word_of(*hot[0])
+    for _ in range(ops):
+        roll = rng.random()
+        if roll < 0.4:
+            bank, entry = (hot[int(rng.integers(2))] if rng.random() < 0.5
+                           else (rng.integers(banks), rng.integers(entries)))
+            bench.writes["te_write"].request.send(
+                te_beat(config, rng, bank, entry, rng.random() < 0.6))
+        elif roll < 0.6:
+            word = hot_word if rng.random() < 0.5 else rng.integers(depth)
+            bench.writes["dma_write"].request.send(dma_write_beat(bench, rng, word))
+        elif roll < 0.8:
+            bench.reads["act_read"].request.send({"bank": int(rng.integers(banks)),
+                                                  "entry": int(rng.integers(entries))})
+        else:
+            bench.reads["dma_read"].request.send({"partition": int(rng.integers(parts)),
+                                                  "word": int(rng.integers(depth))})
+
+
+async def read_back(bench):
+    """Every word of every partition through ``dma_read`` and every entry through
+    ``act_read``; return the byte image the DMA port shows."""
+    config = bench.config
+    parts, width, depth = bench.geometry
+    dma = bench.reads["dma_read"]
+    first = len(dma.response.received)
+    for p in range(parts):
+        for word in range(depth):
+            dma.request.send({"partition": p, "word": word})
+    for bank in range(config.psum_banks):
+        for entry in range(config.psum_bank_entries):
+            bench.reads["act_read"].request.send({"bank": bank, "entry": entry})
+    await bench.drain(budget=4 * (parts * depth + config.psum_banks *
+                                  config.psum_bank_entries) + 100)
+    image = np.zeros((parts, depth * width), dtype=np.uint8)
+    for index, (_, got) in enumerate(dma.response.received[first:]):
+        p, word = divmod(index, depth)
+        image[p, word * width:(word + 1) * width] = np.array(got["data"], dtype=np.uint8)
+    return image
+
+
+async def _start(dut, gaps=0.0):
+    config, ops, seed = settings()
+    bench = PSUMBench(dut, config, seed=seed, gaps=gaps)
+    await bench.reset()
+    bench.begin()
+    return bench, config, ops, seed
+
+
+@cocotb.test()
+async def test_random_mix(dut):
+    """All four ports at once with random gaps, then the whole PSUM read back: every
+    response and the final image bit-exact."""
+    bench, config, ops, seed = await _start(dut, gaps=0.3)
+    random_requests(bench, workload_rng(seed, "random_mix"), ops)
+    await bench.drain(budget=4 * ops + 200)
+    bench.set_gaps(0.0)
+    image = await read_back(bench)
+    stats = bench.score()
+    stats["image_equal"] = bool(np.array_equal(image, bench.golden.image))
+    stats["cycles"] = bench.domain.now
+    report({"test": "random_mix", "seed": seed, "ops": ops, "acc_bits": config.acc_bits,
+            **stats})
+    check(stats, "random_mix")
+    assert stats["image_equal"], "the PSUM read back differs from the golden image"
+    assert stats["max_read_wait"] <= 1
+
+
+@cocotb.test()
+async def test_back_to_back_accumulate(dut):
+    """One te_write per cycle, all accumulating into one entry (after one overwrite): one
+    beat accepted every cycle and no accumulation lost."""
+    bench, config, _, seed = await _start(dut)
+    rng = workload_rng(seed, "back_to_back")
+    count = 4 * config.psum_bank_entries
+    bank, entry = config.psum_banks - 1, config.psum_bank_entries - 1
+    te = bench.writes["te_write"].request
+    for index in range(count):
+        te.send(te_beat(config, rng, bank, entry, accumulate=index > 0))
+    await bench.drain(budget=4 * count + 100)
+    bench.reads["act_read"].request.send({"bank": bank, "entry": entry})
+    await bench.drain(budget=100)
+    cycles = [cycle for cycle, _ in te.accepted[-count:]]
+    stats = bench.score()
+    stats["te_idle_cycles"] = cycles[-1] - cycles[0] + 1 - count
+    report({"test": "back_to_back_accumulate", "seed": seed, "beats": count, **stats})
+    check(stats, "back_to_back_accumulate")
+    assert stats["te_idle_cycles"] == 0, "te_write did not sustain one beat per cycle"
+    assert stats["back_to_back_same_entry"] == count - 1
+
+
+@cocotb.test()
+async def test_accumulate_meets_dma_write(dut):
+    """A dma_write to the word of an accumulate, granted in the cycle the accumulate reads
+    it: te_write every other cycle, dma_write every cycle, so each dma_write lands in a
+    read cycle. Both survive, in commit order."""
+    bench, config, _, seed = await _start(dut)
+    rng = workload_rng(seed, "meets_dma_write")
+    count = 2 * config.psum_bank_entries
+    bank, entry = 0, config.psum_bank_entries // 2
+    word = bench.word_of(bank, entry)
+    te = bench.writes["te_write"].request
+    dma = bench.writes["dma_write"].request
+    for index in range(count):
+        te.send(te_beat(config, rng, bank, entry, accumulate=True), idle=int(index > 0))
+        dma.send(dma_write_beat(bench, rng, word))
+    await bench.drain(budget=8 * count + 100)
+    bench.reads["act_read"].request.send({"bank": bank, "entry": entry})
+    await bench.drain(budget=100)
+    stats = bench.score()
+    report({"test": "accumulate_meets_dma_write", "seed": seed, "beats": count, **stats})
+    check(stats, "accumulate_meets_dma_write")
+    assert stats["forwarded_dma"] == count, stats
+
+
+@cocotb.test()
+async def test_write_latency(dut):
+    """A te_write accepted in cycle t is returned by a read granted in t + 2, not by one
+    granted in t + 1 (and an act_read answers in the next cycle)."""
+    bench, config, _, seed = await _start(dut)
+    rng = workload_rng(seed, "latency")
+    te = bench.writes["te_write"].request
+    act = bench.reads["act_read"].request
+    pairs = 8
+    for index in range(pairs):
+        bank, entry = index % config.psum_banks, (3 * index) % config.psum_bank_entries
+        # Beat at cycle c; reads at c + 1 (old value) and c + 2 (new value). Both sources
+        # start together; then each pair takes 5 cycles on either.
+        te.send(te_beat(config, rng, bank, entry, accumulate=index % 2), idle=4)
+        act.send({"bank": bank, "entry": entry}, idle=5 if index == 0 else 3)
+        act.send({"bank": bank, "entry": entry})
+    await bench.drain(budget=20 * pairs + 100)
+    stats = bench.score()
+    te_cycles = [cycle for cycle, _ in te.accepted[-pairs:]]
+    read_cycles = [cycle for cycle, _ in act.accepted[-2 * pairs:]]
+    stats["read_offsets"] = sorted({r - t for t, r0, r1 in zip(
+        te_cycles, read_cycles[::2], read_cycles[1::2], strict=True) for r in (r0, r1)})
+    report({"test": "write_latency", "seed": seed, **stats})
+    check(stats, "write_latency")
+    assert stats["read_offsets"] == [1, 2], stats["read_offsets"]
