@@ -26,7 +26,7 @@ def main(argv=None):
     parser.add_argument("--matmuls", type=int, default=48)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    sim = args.sim or ("verilator" if runner.available("verilator") is None else "icarus")
+    sim = args.sim or runner.long_run_simulator()
 
     rows = []
     for preset in args.presets.split(","):

@@ -29,6 +29,7 @@ from cocotb_tools.runner import Icarus, Verilator
 from opentrn import hdl
 
 __all__ = ["SIMULATORS", "SimulatorMissing", "SimResult", "available", "default_simulator",
+           "long_run_simulator",
            "verilog_source", "build", "build_info", "lint", "run"]
 
 SIMULATORS = ("icarus", "verilator")
@@ -103,6 +104,11 @@ def default_simulator():
             return sim
     raise SimulatorMissing("no simulator can run: " + "; ".join(
         available(sim) for sim in ("icarus", "verilator")))
+
+
+def long_run_simulator():
+    """The simulator for long runs (benchmarks): Verilator if it can run, else Icarus."""
+    return "verilator" if available("verilator") is None else "icarus"
 
 
 class _IcarusVcd(Icarus):

@@ -12,8 +12,6 @@ Environment (set by :mod:`opentrn.sim.runner`): ``OPENTRN_CONFIG``, ``OPENTRN_RE
 ``OPENTRN_LATENCY`` and ``OPENTRN_BACKPRESSURE`` (of the HBM model; default random per test).
 """
 
-import json
-import os
 import random
 import warnings
 
@@ -22,11 +20,11 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Event, First, Timer
 
-from opentrn.config import Config
 from opentrn.golden import dma as golden
 from opentrn.hdl.dma import ErrorCode, Space, buffer_geometry, descriptor_layout
 from opentrn.hdl.partitioned_memory import word_request_layout, word_write_layout
 
+from . import harness
 from .hbm import HbmModel
 from .streams import ClockDomain, PayloadCodec, StreamSource
 
@@ -38,19 +36,7 @@ HBM_WINDOW = 64 * 1024        # where random traffic goes (the bounds tests go p
 
 
 def _settings():
-    config = Config.from_dict(json.loads(os.environ["OPENTRN_CONFIG"]))
-    return (config, int(os.environ.get("OPENTRN_CASES", "300")),
-            int(os.environ.get("OPENTRN_SEED", "1")))
-
-
-_records = []
-
-
-def _report(record):
-    _records.append(record)
-    if path := os.environ.get("OPENTRN_REPORT"):
-        with open(path, "w") as f:
-            json.dump(_records, f, indent=1)
+    return harness.config(), harness.setting("cases", 300), harness.setting("seed", 1)
 
 
 # -- agents -----------------------------------------------------------------------------------
@@ -442,20 +428,20 @@ def _check(stats):
 
 async def _random_test(dut, name, *, errors, latency, backpressure, stall, invalid):
     config, cases, seed = _settings()
-    latency = int(os.environ.get("OPENTRN_LATENCY", latency))
-    backpressure = float(os.environ.get("OPENTRN_BACKPRESSURE", backpressure))
-    bench = await DmaBench.create(dut, config, latency=latency, backpressure=backpressure,
-                                  stall=stall, seed=seed)
+    latency = harness.setting("latency", latency)
+    backpressure = harness.setting("backpressure", backpressure, float)
+    testbench = await DmaBench.create(dut, config, latency=latency,
+                                      backpressure=backpressure, stall=stall, seed=seed)
     if errors:
-        bench.inject_errors(errors)
-    await bench.load_buffers()
-    descriptors = [invalid_descriptor(bench.rng, config) if bench.rng.random() < invalid
-                   else random_descriptor(bench.rng, config) for _ in range(cases)]
-    stats = await bench.run(descriptors)
+        testbench.inject_errors(errors)
+    await testbench.load_buffers()
+    descriptors = [invalid_descriptor(testbench.rng, config) if testbench.rng.random() < invalid
+                   else random_descriptor(testbench.rng, config) for _ in range(cases)]
+    stats = await testbench.run(descriptors)
     stats.update(test=name, seed=seed, latency=latency, backpressure=backpressure,
-                 buffers="rtl" if bench.rtl_buffers else "model")
+                 buffers="rtl" if testbench.rtl_buffers else "model")
     dut._log.info("scoreboard: %s", stats)
-    _report(stats)
+    harness.report(stats)
     _check(stats)
 
 
@@ -481,25 +467,25 @@ async def test_throughput(dut):
     ``sbuf_to_hbm``, ``OPENTRN_BYTES`` bytes per partition row, all partitions) with no
     back-pressure: bytes per cycle from the descriptor's acceptance to ``done``."""
     config, _, seed = _settings()
-    latency = int(os.environ.get("OPENTRN_LATENCY", "0"))
-    direction = os.environ.get("OPENTRN_DIRECTION", "hbm_to_sbuf")
+    latency = harness.setting("latency", 0)
+    direction = harness.setting("direction", "hbm_to_sbuf", str)
     partitions, size = buffer_geometry(config, Space.SBUF)
-    length = min(int(os.environ.get("OPENTRN_BYTES", size)), size)
-    bench = await DmaBench.create(dut, config, latency=latency, backpressure=0.0, stall=0.0,
-                                  seed=seed)
+    length = min(harness.setting("bytes", size), size)
+    testbench = await DmaBench.create(dut, config, latency=latency, backpressure=0.0,
+                                      stall=0.0, seed=seed)
     hbm = golden.Side(Space.HBM, addr=0, stride1=length)
     sbuf = golden.Side(Space.SBUF, addr=0, partition=0, pstep1=1)
     src, dst = (hbm, sbuf) if direction == "hbm_to_sbuf" else (sbuf, hbm)
     desc = golden.Descriptor(src, dst, n0=length, n1=partitions)
-    await bench.load_buffers()
-    stats = await bench.run([desc])
-    accepted = bench.descriptors.accepted[0][0]
-    cycles = bench.status.finished_at[0] - accepted + 1
+    await testbench.load_buffers()
+    stats = await testbench.run([desc])
+    accepted = testbench.descriptors.accepted[0][0]
+    cycles = testbench.status.finished_at[0] - accepted + 1
     stats.update(test="throughput", direction=direction, latency=latency,
                  bytes=desc.row_bytes * desc.n1, transfer_cycles=cycles,
                  bytes_per_cycle=desc.row_bytes * desc.n1 / cycles,
                  peak_bytes_per_cycle=config.dma_bus_bytes)
     stats["efficiency"] = stats["bytes_per_cycle"] / config.dma_bus_bytes
     dut._log.info("throughput: %s", stats)
-    _report(stats)
+    harness.report(stats)
     _check(stats)

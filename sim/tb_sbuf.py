@@ -23,8 +23,6 @@ test to the next. Run it through :mod:`opentrn.sim.runner`, which passes:
 ``OPENTRN_REPORT``  a JSON file the tests write their statistics to.
 """
 
-import json
-import os
 import random
 import zlib
 from collections import defaultdict
@@ -35,7 +33,6 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
-from opentrn.config import Config
 from opentrn.golden import sbuf as golden
 from opentrn.golden.partitioned_memory import RoundRobin
 from opentrn.hdl.partitioned_memory import (
@@ -47,6 +44,7 @@ from opentrn.hdl.partitioned_memory import (
     word_write_layout,
 )
 
+from . import harness
 from .streams import ClockDomain, StreamSink, StreamSource
 
 CLOCK_PERIOD_NS = 10
@@ -55,21 +53,10 @@ READ_LATENCY = 1
 
 
 def settings():
-    config = Config.from_dict(json.loads(os.environ["OPENTRN_CONFIG"]))
-    ops = int(os.environ.get("OPENTRN_OPS", "3000"))
-    seed = int(os.environ.get("OPENTRN_SEED", "1"))
-    return config, ops, seed
+    return harness.config(), harness.setting("ops", 3000), harness.setting("seed", 1)
 
 
-_records = []
-
-
-def report(record):
-    _records.append(record)
-    path = os.environ.get("OPENTRN_REPORT")
-    if path:
-        with open(path, "w") as f:
-            json.dump(_records, f, indent=1)
+report = harness.report
 
 
 def workload_rng(seed, name):

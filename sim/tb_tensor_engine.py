@@ -15,8 +15,6 @@ Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables
 (default: 24 matmuls of N = K + M, each with a fresh tile).
 """
 
-import json
-import os
 import random
 import zlib
 from itertools import pairwise
@@ -26,35 +24,17 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
-from opentrn.config import Config
 from opentrn.golden import tensor_engine as golden
 from opentrn.hdl.tensor_engine import moving_layout, result_layout, stationary_layout
 
+from . import harness
 from .streams import ClockDomain, StreamSink, StreamSource
 
 CLOCK_PERIOD_NS = 10
 
 
 def _settings():
-    config = Config.from_dict(json.loads(os.environ["OPENTRN_CONFIG"]))
-    cases = int(os.environ.get("OPENTRN_CASES", "100"))
-    seed = int(os.environ.get("OPENTRN_SEED", "1"))
-    return config, cases, seed
-
-
-_records = []
-
-
-def _report(record):
-    _records.append(record)
-    path = os.environ.get("OPENTRN_REPORT")
-    if path:
-        with open(path, "w") as f:
-            json.dump(_records, f, indent=1)
-
-
-def _last_report():
-    return _records[-1]
+    return harness.config(), harness.setting("cases", 100), harness.setting("seed", 1)
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -228,7 +208,7 @@ async def _run_test(dut, name, program_of, *, gaps=0.0, backpressure=0.0, check_
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     program = program_of(config, rng, cases)
     stats = await bench.run(program, check_cycles=check_cycles)
-    _report({"test": name, "seed": seed, **(extra or {}), **stats})
+    harness.report({"test": name, "seed": seed, **(extra or {}), **stats})
     assert stats["mismatches"] == 0, \
         f"{stats['mismatches']} result beats differ from the golden model"
     assert stats["cycle_mismatches"] == 0, \
@@ -266,10 +246,10 @@ async def test_back_to_back(dut):
     N >= K + M, or with a reused tile, the background weight load keeps the moving stream
     busy: not one idle cycle between matmuls."""
     config, _, _ = _settings()
-    n = int(os.environ.get("OPENTRN_N", config.pe_rows + config.pe_cols))
+    n = harness.setting("n", config.pe_rows + config.pe_cols)
     await _back_to_back(dut, "back_to_back", config, min(n, config.moving_max),
-                        fresh=os.environ.get("OPENTRN_FRESH", "1") != "0",
-                        count=int(os.environ.get("OPENTRN_MATMULS", "24")))
+                        fresh=harness.setting("fresh", 1) != 0,
+                        count=harness.setting("matmuls", 24))
 
 
 @cocotb.test()
@@ -283,7 +263,7 @@ async def _back_to_back(dut, name, config, n, *, fresh, count):
     await _run_test(dut, name,
                     lambda config, rng, cases: uniform_program(config, rng, count, n, fresh),
                     check_cycles=True, extra={"n": n, "fresh": fresh})
-    stats = _last_report()
+    stats = harness.last_report()
     if not fresh or n >= golden.reload_guard(config) + golden.load_cycles(config):
         assert stats["moving_idle_cycles"] == 0, \
             f"{stats['moving_idle_cycles']} idle cycles between back-to-back matmuls"

@@ -50,7 +50,7 @@ def test_dma(sim, top, preset):
 def test_dma_throughput_targets(direction, latency, floor):
     """The issue's targets, on the faster simulator (the cycle counts are the same on
     both): >= 90% of the bus peak with a zero-latency memory, >= 80% with 100 cycles."""
-    sim = "verilator" if runner.available("verilator") is None else "icarus"
+    sim = runner.long_run_simulator()
     require_simulator(sim)
     result = runner.run(config.preset("tiny"), "opentrn.sim.tb_dma", "memory_system", sim,
                         testcase="test_throughput",

@@ -1,0 +1,38 @@
+"""What every cocotb testbench here shares: its settings, from the environment that
+:func:`opentrn.sim.runner.run` sets, and the statistics it reports back.
+
+``OPENTRN_CONFIG`` carries the :class:`~opentrn.config.Config` as JSON; ``OPENTRN_REPORT``
+names the JSON file that :func:`report` rewrites with every record (a list, in test order),
+which the runner returns as ``SimResult.reports``. Other ``OPENTRN_*`` variables are each
+testbench's own, read with :func:`setting`.
+"""
+
+import json
+import os
+
+from opentrn.config import Config
+
+__all__ = ["config", "setting", "report", "last_report"]
+
+_records = []
+
+
+def config():
+    return Config.from_dict(json.loads(os.environ["OPENTRN_CONFIG"]))
+
+
+def setting(name, default, kind=int):
+    """``OPENTRN_<NAME>`` converted by ``kind``, or ``default``."""
+    value = os.environ.get(f"OPENTRN_{name.upper()}")
+    return default if value is None else kind(value)
+
+
+def report(record):
+    _records.append(record)
+    if path := os.environ.get("OPENTRN_REPORT"):
+        with open(path, "w") as f:
+            json.dump(_records, f, indent=1)
+
+
+def last_report():
+    return _records[-1]
