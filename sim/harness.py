@@ -10,9 +10,11 @@ testbench's own, read with :func:`setting`.
 import json
 import os
 
+from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
+
 from opentrn.config import Config
 
-__all__ = ["config", "setting", "report", "last_report"]
+__all__ = ["config", "setting", "report", "last_report", "reset"]
 
 _records = []
 
@@ -36,3 +38,13 @@ def report(record):
 
 def last_report():
     return _records[-1]
+
+
+async def reset(dut, cycles=2):
+    """Hold ``dut.rst`` for ``cycles`` rising edges of ``dut.clk``; release it at a falling
+    edge and return after the next rising edge."""
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, cycles)
+    await FallingEdge(dut.clk)
+    dut.rst.value = 0
+    await RisingEdge(dut.clk)

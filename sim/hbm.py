@@ -9,7 +9,8 @@ checks (4 KiB boundaries, burst lengths) remain cocotbext-axi's.
 
 * ``latency``: a read burst's first beat leaves no earlier than ``latency`` cycles after its
   address was accepted, whatever is in flight before it; a write burst's response likewise
-  after its last data beat.
+  after its last data beat. A ``(low, high)`` pair draws each burst's latency uniformly from
+  that range (responses stay in order, so a burst never overtakes the one before it).
 * ``backpressure``: probability that a channel's ready (or, on R and B, valid) is held low
   in a cycle.
 * ``read_errors`` / ``write_errors``: bus word index -> ``"SLVERR"`` or ``"DECERR"``. A read
@@ -22,7 +23,7 @@ from collections import deque
 
 from cocotb import start_soon
 from cocotb.triggers import Event, RisingEdge, Timer
-from cocotb.utils import get_sim_time
+from cocotb.utils import get_sim_steps, get_sim_time
 from cocotbext.axi import AxiBus, AxiResp
 from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 from cocotbext.axi.memory import Memory
@@ -38,13 +39,23 @@ def _pauses(rng, probability):
 
 
 class _Timing:
-    def __init__(self, clock, period_ns, latency):
-        self.clock, self.period_ns, self.latency = clock, period_ns, latency
+    """Times in simulator steps (integers: a float of nanoseconds would not round-trip)."""
 
-    async def wait_until(self, time_ns):
-        now = get_sim_time("ns")
-        if time_ns > now:
-            await Timer(time_ns - now, "ns")
+    def __init__(self, clock, period_ns, latency, rng):
+        self.clock, self.rng = clock, rng
+        self.period = get_sim_steps(period_ns, "ns")
+        self.latency = latency if isinstance(latency, tuple) else (latency, latency)
+
+    def ready_at(self):
+        """The time a burst that arrives now may be answered."""
+        low, high = self.latency
+        cycles = low if low == high else self.rng.randint(low, high)
+        return get_sim_time("step") + cycles * self.period
+
+    async def wait_until(self, time):
+        now = get_sim_time("step")
+        if time > now:
+            await Timer(time - now, "step")
             await RisingEdge(self.clock)
 
 
@@ -58,8 +69,7 @@ class _Read(AxiRamRead):
         start_soon(self._answer(pending, arrived))
         while True:
             ar = await self.ar_channel.recv()
-            ready_at = get_sim_time("ns") + self._timing.latency * self._timing.period_ns
-            pending.append((ready_at, ar))
+            pending.append((self._timing.ready_at(), ar))
             arrived.set()
 
     async def _answer(self, pending, arrived):
@@ -119,8 +129,7 @@ class _Write(AxiRamWrite):
                 for lane in range(lanes):
                     if strobe >> lane & 1:
                         self.write((word_address + lane) % self.size, data[lane:lane + 1])
-            ready_at = get_sim_time("ns") + self._timing.latency * self._timing.period_ns
-            responses.append((ready_at, int(aw.awid), resp))
+            responses.append((self._timing.ready_at(), int(aw.awid), resp))
             arrived.set()
 
     async def _respond(self, responses, arrived):
@@ -143,13 +152,13 @@ class HbmModel(Memory):
         super().__init__(size)
         self.read_errors, self.write_errors = {}, {}
         bus = AxiBus.from_prefix(dut, prefix)
-        timing = _Timing(clock, period_ns, latency)
+        rng = random.Random(seed)
+        timing = _Timing(clock, period_ns, latency, rng)
         self.write_if = _Write(bus.write, clock, mem=self.mem, timing=timing,
                                errors=self.write_errors)
         self.read_if = _Read(bus.read, clock, mem=self.mem, timing=timing,
                              errors=self.read_errors)
         if backpressure:
-            rng = random.Random(seed)
             for channel in (self.write_if.aw_channel, self.write_if.w_channel,
                             self.write_if.b_channel, self.read_if.ar_channel,
                             self.read_if.r_channel):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
+from cocotb.triggers import ClockCycles
 
 from opentrn.golden import sbuf as golden
 from opentrn.golden.partitioned_memory import RoundRobin
@@ -126,11 +126,7 @@ class MemoryBench:
             port.request.gaps = gaps
 
     async def reset(self):
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 2)
-        await FallingEdge(self.dut.clk)
-        self.dut.rst.value = 0
-        await RisingEdge(self.dut.clk)
+        await harness.reset(self.dut)
 
     def _done(self):
         return (all(p.request.idle for p in [*self.reads.values(), *self.writes.values()])

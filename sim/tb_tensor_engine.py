@@ -22,7 +22,7 @@ from itertools import pairwise
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
+from cocotb.triggers import ClockCycles
 
 from opentrn.golden import tensor_engine as golden
 from opentrn.hdl.tensor_engine import moving_layout, result_layout, stationary_layout
@@ -120,11 +120,7 @@ class TensorEngineBench:
                                  backpressure=backpressure, rng=rng)
 
     async def reset(self):
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 2)
-        await FallingEdge(self.dut.clk)
-        self.dut.rst.value = 0
-        await RisingEdge(self.dut.clk)
+        await harness.reset(self.dut)
 
     async def run(self, program, *, check_cycles):
         """Run ``program`` and return its statistics; raises on any mismatch or a hang."""
