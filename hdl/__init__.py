@@ -2,6 +2,7 @@
 
 from amaranth.hdl import Const, ValueCastable
 
+from .activation_engine import ActivationEngine
 from .dma import DMA
 from .memory_system import MemorySystem
 from .processing_element import ProcessingElement
@@ -9,8 +10,8 @@ from .psum import PSUM
 from .sbuf import SBUF
 from .tensor_engine import TensorEngine
 
-__all__ = ["ProcessingElement", "TensorEngine", "SBUF", "PSUM", "DMA", "MemorySystem", "TOPS",
-           "toplevel", "ports"]
+__all__ = ["ProcessingElement", "TensorEngine", "SBUF", "PSUM", "DMA", "MemorySystem",
+           "ActivationEngine", "TOPS", "toplevel", "ports"]
 
 #: Blocks that can be a simulation or Verilog top level, by name.
 TOPS = {
@@ -19,6 +20,7 @@ TOPS = {
     "psum": PSUM,
     "dma": DMA,
     "memory_system": MemorySystem,
+    "activation_engine": ActivationEngine,
 }
 
 
