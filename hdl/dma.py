@@ -225,7 +225,8 @@ class DMA(wiring.Component):
             m.d.sync += reads_in_flight.eq(reads_in_flight + 1)
         with m.Elif(~ar_sent & last_taken):
             m.d.sync += reads_in_flight.eq(reads_in_flight - 1)
-        with m.If(r_taken & (axi.rresp != RESP_OKAY)):
+        read_error = r_taken & (axi.rresp != RESP_OKAY)
+        with m.If(read_error):
             record(Mux(axi.rresp == RESP_DECERR, ErrorCode.READ_DECERR, ErrorCode.READ_SLVERR),
                    read=True)
 
@@ -270,7 +271,7 @@ class DMA(wiring.Component):
         m.d.comb += [
             arrived.eq(r_taken | responded),
             arrived_word.eq(Mux(src_hbm, axi.rdata, response.as_value())),
-            arrived_bad.eq(r_taken & (axi.rresp != RESP_OKAY)),
+            arrived_bad.eq(read_error),
             src_take.step.eq(arrived),
             src_take.step_words.eq(1),
         ]
@@ -324,7 +325,8 @@ class DMA(wiring.Component):
             bursts_sent.eq(bursts_sent + aw_sent - b_taken),
             bursts_unwritten.eq(bursts_unwritten + aw_sent - w_last_sent),
         ]
-        with m.If(b_taken & (axi.bresp != RESP_OKAY)):
+        # A read error in the same cycle wins (it is recorded above).
+        with m.If(b_taken & (axi.bresp != RESP_OKAY) & ~read_error):
             record(Mux(axi.bresp == RESP_DECERR, ErrorCode.WRITE_DECERR,
                        ErrorCode.WRITE_SLVERR), read=False)
 
