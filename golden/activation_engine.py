@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = ["IDENTITY", "RELU", "FUNCTIONS", "PARAM_BITS", "SHIFT_MAX", "OUT_BITS",
            "activate", "pre_activation", "round_shift", "apply_function", "output_range",
-           "saturate", "latency"]
+           "saturate", "PIPELINE_STAGES", "latency"]
 
 #: Codes of the ``function`` parameter.
 IDENTITY, RELU = 0, 1
@@ -114,8 +114,12 @@ def activate(config, x, *, function, multiplier, shift, bias, out_int32):
     return out
 
 
+#: The hardware's pipeline registers, in order: one cycle each.
+PIPELINE_STAGES = ("multiply", "add bias", "shift (guard and sticky bits)",
+                   "round, function and saturate")
+
+
 def latency(config):
     """Cycles from an input beat's transfer to its output beat, the output always ready:
-    4 pipeline stages (multiply; add bias; shift; round, function and saturate), for every
-    configuration."""
-    return 4
+    one per pipeline stage (4), for every configuration."""
+    return len(PIPELINE_STAGES)

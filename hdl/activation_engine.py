@@ -124,27 +124,24 @@ class ActivationEngine(wiring.Component):
 
         product_bits = cfg.acc_bits + PARAM_BITS          # signed a-bit x signed b-bit
         pre_bits = product_bits + 1                       # plus a 32-bit bias
-        # The sticky bit looks at bits 0 .. shift - 2 <= SHIFT_LIMIT - 3 of pre; a narrower
-        # pre (small acc_bits) is sign-extended so that those bits exist.
-        wide_bits = max(pre_bits, SHIFT_LIMIT)
         narrow_lo, narrow_hi = -(1 << (cfg.in_bits - 1)), (1 << (cfg.in_bits - 1)) - 1
         wide_lo, wide_hi = -(1 << (OUT_BITS - 1)), (1 << (OUT_BITS - 1)) - 1
-        ones = Const((1 << wide_bits) - 1, wide_bits)
+        ones = Const((1 << pre_bits) - 1, pre_bits)
 
         for p in range(cfg.pe_cols):
             product = Signal(signed(product_bits), name=f"product_{p}")
             pre = Signal(signed(pre_bits), name=f"pre_{p}")
-            quotient = Signal(signed(wide_bits), name=f"quotient_{p}")
+            quotient = Signal(signed(pre_bits), name=f"quotient_{p}")
             round_up = Signal(name=f"round_up_{p}")
 
-            # Each stage's logic sits inside ``If(advance)``: one Verilog process per stage,
-            # which Icarus evaluates once per input change (a net of concatenations it would
-            # re-propagate bit by bit).
-            wide = Signal(signed(wide_bits), name=f"wide_{p}")
-            guard_shifted = Signal(signed(wide_bits + 1), name=f"guard_shifted_{p}")
-            below_guard = Signal(wide_bits, name=f"below_guard_{p}")
-            rounded = Signal(signed(wide_bits + 1), name=f"rounded_{p}")
-            activated = Signal(signed(wide_bits + 1), name=f"activated_{p}")
+            # The helpers of stages 3 and 4 are assigned inside ``If(advance)``, next to the
+            # registers that read them (and nothing else does), so that, as in hdl/psum.py,
+            # Yosys writes them as processes rather than nets of continuous assignments,
+            # which Icarus re-propagates bit by bit.
+            guard_shifted = Signal(signed(pre_bits + 1), name=f"guard_shifted_{p}")
+            below_guard = Signal(pre_bits, name=f"below_guard_{p}")
+            rounded = Signal(signed(pre_bits + 1), name=f"rounded_{p}")
+            activated = Signal(signed(pre_bits + 1), name=f"activated_{p}")
             with m.If(advance):
                 # Stage 1: the exact product.
                 m.d.sync += product.eq(self.input.payload.data[p] * params.multiplier)
@@ -155,17 +152,18 @@ class ActivationEngine(wiring.Component):
                 # even from the bits shifted out: the guard bit (weight 2**(shift-1), the
                 # "half"), and the sticky bit (any bit below it): round up when the
                 # remainder is above half (guard and sticky) or exactly half and q odd.
+                # A shift past the top of pre needs no sign extension for the sticky bit:
+                # then q is 0 (guard 0: no rounding) or -1 (odd: sticky does not matter).
                 m.d.comb += [
-                    wide.eq(pre),
                     # Bit 0 of (pre * 2) >> shift is bit shift-1 of pre; 0 for shift 0.
-                    guard_shifted.eq(Cat(Const(0, 1), wide).as_signed() >> params.shift),
+                    guard_shifted.eq(Cat(Const(0, 1), pre).as_signed() >> params.shift),
                     # Bit i of (ones << shift) >> 1 is set when i >= shift - 1; the rest
                     # are the bits below the guard (none for shift 0 or 1).
-                    below_guard.eq(~(ones << params.shift)[1:wide_bits + 1]),
+                    below_guard.eq(~(ones << params.shift)[1:pre_bits + 1]),
                 ]
                 guard = guard_shifted[0]
-                sticky = (wide.as_unsigned() & below_guard).any()
-                q = wide >> params.shift
+                sticky = (pre.as_unsigned() & below_guard).any()
+                q = pre >> params.shift
                 m.d.sync += [
                     quotient.eq(q),
                     round_up.eq(guard & (sticky | q[0])),

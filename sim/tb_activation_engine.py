@@ -167,7 +167,7 @@ def random_operation(config, rng, n):
             # Ties need x * m + b = half (mod 2**shift): b a multiple of 2**zeros.
             b = _random_bits(rng, golden.PARAM_BITS - zeros) << zeros
         elif ties and shift <= golden.PARAM_BITS:
-            b = (1 << (shift - 1)) - int(rng.integers(0, 2)) * (1 << shift)  # = half
+            b = (1 << (shift - 1)) - int(rng.integers(0, 2)) * (1 << shift)  # half mod 2**s
         elif roll < 0.2:
             b = 0
         elif roll < 0.35:
@@ -191,6 +191,18 @@ def random_operation(config, rng, n):
                     value = int(rng.integers(lo, hi + 1))
             x[p, i] = value
     return Operation(_params(function, multiplier, shift, out_int32, bias), x)
+
+
+def burst_operation(config, rng, n):
+    """One operation of ``n`` uniform random vectors whose results vary from beat to beat
+    (an odd multiplier, the shift leaving about 16 bits, int32 output), so that a beat out
+    of place cannot go unnoticed."""
+    lo, hi = _acc_range(config)
+    multiplier = int(rng.integers(INT32_MIN // 2, INT32_MAX // 2)) * 2 + 1
+    shift = config.acc_bits - 1 + golden.PARAM_BITS - 1 - 16
+    bias = [int(b) for b in rng.integers(INT32_MIN, INT32_MAX, config.pe_cols, endpoint=True)]
+    return Operation(_params(golden.IDENTITY, multiplier, shift, 1, bias),
+                     rng.integers(lo, hi + 1, (config.pe_cols, n)))
 
 
 def random_operations(config, rng, vectors):
@@ -282,7 +294,8 @@ class ActivationEngineBench:
         """Run ``operations`` one after the other; return the expected beats."""
         expected = []
         for index, op in enumerate(operations):
-            await self._drain(len(expected), index, op.x.shape[1])
+            if index:
+                await self._drain(len(expected), index - 1, operations[index - 1].x.shape[1])
             # The previous operation's last result has been taken: the pipeline is empty,
             # the parameters may change.
             await FallingEdge(self.dut.clk)
@@ -295,7 +308,7 @@ class ActivationEngineBench:
                 last = int(i == n - 1)
                 self.input.send({"data": [int(v) for v in op.x[:, i]], "last": last})
                 expected.append(([int(v) for v in out[:, i]], last))
-        await self._drain(len(expected), len(operations), operations[-1].x.shape[1])
+        await self._drain(len(expected), len(operations) - 1, operations[-1].x.shape[1])
         # Anything extra (a duplicated beat) would arrive within the latency.
         await ClockCycles(self.dut.clk, 4 * golden.latency(self.config))
         return expected
@@ -376,9 +389,13 @@ async def test_random_backpressure(dut):
     vectors = harness.setting("bp_vectors", 600)
 
     def stalls(bench):
-        received = [cycle for cycle, _ in bench.output.received]
-        # Cycles in which a result waited for the sink: the pipeline really stalled.
-        return {"output_waits": (received[-1] - received[0] + 1) - len(received)}
+        # Beats that came out later than the latency after their input: the pipeline
+        # really stalled under them.
+        latency = golden.latency(bench.config)
+        return {"delayed_beats": sum(
+            1 for (cycle_in, _), (cycle_out, _) in zip(bench.input.accepted,
+                                                       bench.output.received, strict=True)
+            if cycle_out - cycle_in > latency)}
 
     await _run_test(dut, "random_backpressure",
                     lambda config, rng: random_operations(config, rng, vectors),
@@ -396,10 +413,12 @@ async def test_throughput(dut):
         received = [cycle for cycle, _ in bench.output.received]
         return {"input_idle_cycles": accepted[-1] - accepted[0] + 1 - len(accepted),
                 "output_idle_cycles": received[-1] - received[0] + 1 - len(received),
-                "first_out_after": received[0] - accepted[0]}
+                "first_out_after": received[0] - accepted[0],
+                "distinct_beats": len({tuple(beat["data"])
+                                       for _, beat in bench.output.received})}
 
     record = await _run_test(
-        dut, "throughput", lambda config, rng: [random_operation(config, rng, burst)],
+        dut, "throughput", lambda config, rng: [burst_operation(config, rng, burst)],
         check_cycles=True, extra=cadence)
     assert record["input_idle_cycles"] == 0 and record["output_idle_cycles"] == 0, record
     assert record["first_out_after"] == golden.latency(harness.config())

@@ -7,6 +7,7 @@ import pytest
 
 from opentrn import config
 from opentrn.golden import activation_engine as golden
+from opentrn.hdl import ActivationEngine
 from opentrn.sim import runner
 from opentrn.sim.tb_activation_engine import (
     INT32_MAX,
@@ -65,12 +66,13 @@ def test_activation_engine(sim, build):
 
     pressure = records["random_backpressure"]
     assert pressure["beats"] >= BP_VECTORS and not pressure["cycles_checked"]
-    assert pressure["output_waits"] > 0                  # the pipeline really stalled
+    assert pressure["delayed_beats"] > 0                 # the pipeline really stalled
 
     burst = records["throughput"]
     assert burst["beats"] == BURST
     assert burst["input_idle_cycles"] == 0 and burst["output_idle_cycles"] == 0
     assert burst["first_out_after"] == golden.latency(cfg)
+    assert burst["distinct_beats"] > BURST // 2
     # Back to back: BURST vectors in BURST + latency cycles.
     assert burst["cycles"] == BURST + golden.latency(cfg)
 
@@ -85,3 +87,21 @@ def test_random_workload_reaches_the_corners(build):
     assert min(counts["int8_sat_low"], counts["int8_sat_high"], counts["int32_sat_low"],
                counts["int32_sat_high"], counts["relu_clamped"]) > 0
     assert counts["special_shifts"] == list(SPECIAL_SHIFTS)
+
+
+def test_verilog_ports_follow_the_config():
+    cfg = config.preset("small").replace(acc_bits=24)
+    text = runner.verilog_source(cfg, "activation_engine")
+    lanes = cfg.pe_cols
+    assert f"input [{lanes * 24}:0] input__payload;" in text           # data + last
+    assert f"output [{lanes * 32}:0] output__payload;" in text
+    # function 1 + multiplier 32 + shift 6 + out_int32 1 + bias 32 per partition.
+    assert f"input [{1 + 32 + 6 + 1 + 32 * lanes - 1}:0] params;" in text
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="dtype='bf16': the activation engine hardware "
+                                         "implements the int8 path"):
+        ActivationEngine(config=config.preset("trn3"))
+    with pytest.raises(TypeError, match=r"config=\{\}: must be an opentrn.config.Config"):
+        ActivationEngine(config={})
