@@ -10,11 +10,18 @@ testbench's own, read with :func:`setting`.
 import json
 import os
 
+from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
 from opentrn.config import Config
 
-__all__ = ["config", "setting", "report", "last_report", "reset"]
+from .streams import ClockDomain
+
+__all__ = ["CLOCK_PERIOD_NS", "config", "setting", "report", "last_report", "start_clock",
+           "reset"]
+
+#: The simulated clock: 100 MHz (the cycle counts, not the period, are what the tests check).
+CLOCK_PERIOD_NS = 10
 
 _records = []
 
@@ -38,6 +45,12 @@ def report(record):
 
 def last_report():
     return _records[-1]
+
+
+def start_clock(dut):
+    """Start ``dut.clk`` and return a :class:`~opentrn.sim.streams.ClockDomain` on it."""
+    Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
+    return ClockDomain(dut.clk)
 
 
 async def reset(dut, cycles=2):

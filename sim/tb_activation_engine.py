@@ -26,16 +26,14 @@ from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge
 
 from opentrn.golden import activation_engine as golden
 from opentrn.hdl.activation_engine import input_layout, output_layout, params_layout
 
 from . import harness
-from .streams import ClockDomain, PayloadCodec, StreamSink, StreamSource
+from .streams import PayloadCodec, StreamSink, StreamSource
 
-CLOCK_PERIOD_NS = 10
 #: The shifts every random run is weighted toward.
 SPECIAL_SHIFTS = (0, 1, 31, 62, 63)
 INT32_MIN, INT32_MAX = -(1 << (golden.PARAM_BITS - 1)), (1 << (golden.PARAM_BITS - 1)) - 1
@@ -259,8 +257,7 @@ class ActivationEngineBench:
     def __init__(self, dut, config, *, gaps=0.0, backpressure=0.0, seed=0):
         self.dut = dut
         self.config = config
-        Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
-        self.domain = ClockDomain(dut.clk)
+        self.domain = harness.start_clock(dut)
         rng = random.Random(seed)
         self.input = StreamSource(self.domain, dut, "input", input_layout(config),
                                   gaps=gaps, rng=rng)
@@ -279,7 +276,7 @@ class ActivationEngineBench:
         failure with the state printed."""
         slowdown = 1 / ((1 - self.backpressure) * (1 - self.gaps))
         budget = int(8 * slowdown * vectors) + 20 * golden.latency(self.config) + 100
-        if not await self.output.wait_for(count, budget * CLOCK_PERIOD_NS):
+        if not await self.output.wait_for(count, budget * harness.CLOCK_PERIOD_NS):
             dut = self.dut
             raise AssertionError(
                 f"watchdog: operation {op_index} not done after {budget} cycles; "

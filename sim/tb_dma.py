@@ -32,7 +32,6 @@ from .streams import ClockDomain, PayloadCodec, StreamSource
 # cocotbext-axi 0.1.28 still calls cocotb 1 APIs that cocotb 2 deprecates.
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"cocotbext\.axi")
 
-CLOCK_PERIOD_NS = 10
 HBM_WINDOW = 64 * 1024        # where random traffic goes (the bounds tests go past the end)
 
 
@@ -260,7 +259,7 @@ class DmaBench:
             if hasattr(dut, name):
                 getattr(dut, name).value = 0
         dut.rst.value = 1
-        Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
+        Clock(dut.clk, harness.CLOCK_PERIOD_NS, unit="ns").start()
         await ClockCycles(dut.clk, 2)
         bench = cls(dut, config, **kwargs)
         await ClockCycles(dut.clk, 1)
@@ -279,7 +278,7 @@ class DmaBench:
         self.images.psum[:] = self.rng.integers(0, 256, self.images.psum.shape)
         self.expected = self.images.copy()
         self.hbm = HbmModel(dut, "axi_", dut.clk, size=config.hbm_bytes,
-                            period_ns=CLOCK_PERIOD_NS, latency=latency,
+                            period_ns=harness.CLOCK_PERIOD_NS, latency=latency,
                             backpressure=backpressure, seed=seed)
         self.hbm.write(0, window.tobytes())
         # On the `dma` top the buffers are models of their word ports; on `memory_system`
@@ -380,7 +379,7 @@ class DmaBench:
                                                                strict=True)
                     if c not in _REFUSED)
         budget_ns = (200 * len(descriptors) + 40 * moved // self.config.dma_bus_bytes
-                     + 100_000) * CLOCK_PERIOD_NS
+                     + 100_000) * harness.CLOCK_PERIOD_NS
         timer = Timer(budget_ns, "ns")
         while len(self.status.codes) < len(descriptors):
             self.status.progress.clear()

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
 from opentrn.golden import sbuf as golden
@@ -45,9 +44,8 @@ from opentrn.hdl.partitioned_memory import (
 )
 
 from . import harness
-from .streams import ClockDomain, StreamSink, StreamSource
+from .streams import StreamSink, StreamSource
 
-CLOCK_PERIOD_NS = 10
 #: Cycles from a read request's transfer to its response.
 READ_LATENCY = 1
 
@@ -95,8 +93,7 @@ class MemoryBench:
     def __init__(self, dut, golden_model, *, seed):
         self.dut = dut
         self.golden = golden_model
-        Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
-        self.domain = ClockDomain(dut.clk)
+        self.domain = harness.start_clock(dut)
         self.rng = random.Random(seed)
         self.reads, self.writes = {}, {}
         self.read_order, self.write_order = [], []

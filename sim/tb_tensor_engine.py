@@ -21,16 +21,13 @@ from itertools import pairwise
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
 from opentrn.golden import tensor_engine as golden
 from opentrn.hdl.tensor_engine import moving_layout, result_layout, stationary_layout
 
 from . import harness
-from .streams import ClockDomain, StreamSink, StreamSource
-
-CLOCK_PERIOD_NS = 10
+from .streams import StreamSink, StreamSource
 
 
 def _settings():
@@ -109,8 +106,7 @@ class TensorEngineBench:
     def __init__(self, dut, config, *, gaps=0.0, backpressure=0.0, seed=0):
         self.dut = dut
         self.config = config
-        Clock(dut.clk, CLOCK_PERIOD_NS, unit="ns").start()
-        self.domain = ClockDomain(dut.clk)
+        self.domain = harness.start_clock(dut)
         rng = random.Random(seed)
         self.stationary = StreamSource(self.domain, dut, "stationary", stationary_layout(config),
                                        gaps=gaps, rng=rng)
@@ -143,7 +139,7 @@ class TensorEngineBench:
 
         # Watchdog: a hang becomes a failure with the stream states printed.
         budget = 8 * timing.total_cycles + 200
-        if not await self.result.wait_for(len(expected), budget * CLOCK_PERIOD_NS):
+        if not await self.result.wait_for(len(expected), budget * harness.CLOCK_PERIOD_NS):
             raise AssertionError(
                 f"watchdog: not done after {budget} cycles; "
                 f"{len(self.result.received)}/{len(expected)} results, "
