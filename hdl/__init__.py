@@ -2,6 +2,8 @@
 
 from amaranth.hdl import Const, ValueCastable
 
+from opentrn.config import ConfigError
+
 from .activation_engine import ActivationEngine
 from .dma import DMA
 from .memory_system import MemorySystem
@@ -28,6 +30,10 @@ def toplevel(name, config):
     """Build the top-level component ``name`` sized by ``config``."""
     if name not in TOPS:
         raise ValueError(f"top={name!r}: must be one of {', '.join(TOPS)}")
+    if config.dtype != "int8":
+        # A valid configuration (projections use it) that the hardware cannot build yet.
+        raise ConfigError(f"dtype={config.dtype!r}: the hardware is built for int8 inputs "
+                          "only so far (try --set dtype=int8)")
     return TOPS[name](config=config)
 
 

@@ -35,6 +35,10 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["verilog", "--set", "wibble=1"], "opentrn verilog: error: wibble: unknown configuration"),
     (["demo", "--set", "acc_bits=8", "--sim", "icarus"], "opentrn demo: error: acc_bits=8"),
     (["demo", "--cases", "0", "--sim", "icarus"], "opentrn demo: error: --cases=0"),
+    (["demo", "--preset", "trn3", "--sim", "icarus"],
+     "opentrn demo: error: dtype='bf16': the hardware is built for int8 inputs only"),
+    (["verilog", "--preset", "trn2", "--top", "dma"],
+     "opentrn verilog: error: dtype='bf16': the hardware is built for int8 inputs only"),
 ])
 def test_errors_exit_2_and_name_the_field(argv, message, capsys):
     assert main(argv) == 2

@@ -4,7 +4,8 @@ import pytest
 
 from opentrn import config
 from opentrn.cli import main
-from opentrn.hdl import TOPS
+from opentrn.config import ConfigError
+from opentrn.hdl import TOPS, TensorEngine
 from opentrn.sim import runner
 
 from .conftest import require_simulator
@@ -32,6 +33,10 @@ def test_verilog_sizes_follow_the_config(tmp_path):
 
 
 def test_float_dtypes_are_refused_by_the_int8_hardware():
-    with pytest.raises(ValueError, match="dtype='bf16': the tensor engine hardware implements "
-                                         "int8"):
+    with pytest.raises(ConfigError, match="dtype='bf16': the hardware is built for int8 "
+                                          "inputs only"):
         runner.verilog_source(config.preset("trn3"))
+    # The blocks themselves refuse too, when built directly.
+    with pytest.raises(ValueError, match="dtype='bf16': the tensor engine hardware "
+                                         "implements int8"):
+        TensorEngine(config=config.preset("trn3"))
