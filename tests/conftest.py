@@ -2,7 +2,16 @@ import os
 
 import pytest
 
+from opentrn import config
 from opentrn.sim import runner
+
+#: The builds every block's simulation tests run on: the two simulation presets, and 16-bit
+#: accumulators (int8 sums that wrap, narrower activation inputs).
+SIM_BUILDS = {
+    "tiny": config.preset("tiny"),
+    "small": config.preset("small"),
+    "tiny-acc16": config.preset("tiny").replace(acc_bits=16),
+}
 
 
 def require_simulator(sim):

@@ -17,26 +17,20 @@ from opentrn.sim.tb_activation_engine import (
     random_operations,
 )
 
-from .conftest import require_simulator
+from .conftest import SIM_BUILDS, require_simulator
 
 VECTORS = 2000
 BP_VECTORS = 600
 BURST = 200
 SEED = 5
-BUILDS = {
-    "tiny": config.preset("tiny"),
-    "small": config.preset("small"),
-    # 16-bit accumulators: narrower products, the same parameter ranges.
-    "tiny-acc16": config.preset("tiny").replace(acc_bits=16),
-}
 
 
 @pytest.mark.sim
 @pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("build", list(SIM_BUILDS))
 def test_activation_engine(sim, build):
     require_simulator(sim)
-    cfg = BUILDS[build]
+    cfg = SIM_BUILDS[build]
     result = runner.run(cfg, "opentrn.sim.tb_activation_engine", "activation_engine", sim,
                         env={"OPENTRN_VECTORS": VECTORS, "OPENTRN_BP_VECTORS": BP_VECTORS,
                              "OPENTRN_BURST": BURST, "OPENTRN_SEED": SEED})
@@ -77,11 +71,11 @@ def test_activation_engine(sim, build):
     assert burst["cycles"] == BURST + golden.latency(cfg)
 
 
-@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("build", list(SIM_BUILDS))
 def test_random_workload_reaches_the_corners(build):
     """The generator's weighting, without a simulator: at least one element in twenty a
     tie, and the other corners, in every build."""
-    cfg = BUILDS[build]
+    cfg = SIM_BUILDS[build]
     counts = coverage(cfg, random_operations(cfg, np.random.default_rng(0), VECTORS))
     assert counts["ties_even"] + counts["ties_odd"] >= counts["elements"] // 20
     assert min(counts["int8_sat_low"], counts["int8_sat_high"], counts["int32_sat_low"],

@@ -5,28 +5,21 @@ import numpy as np
 import pytest
 from vcdvcd import VCDVCD
 
-from opentrn import config
 from opentrn.golden import tensor_engine as golden
 from opentrn.sim import runner, wave
 from opentrn.sim.tb_tensor_engine import directed_program
 
-from .conftest import require_simulator
+from .conftest import SIM_BUILDS, require_simulator
 
 CASES_PER_RANDOM_TEST = 100
-BUILDS = {
-    "tiny": config.preset("tiny"),
-    "small": config.preset("small"),
-    # 16-bit accumulators: the directed extremes wrap (K * 127 * 127 > 2**15).
-    "tiny-acc16": config.preset("tiny").replace(acc_bits=16),
-}
 
 
 @pytest.mark.sim
 @pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("build", list(SIM_BUILDS))
 def test_tensor_engine(sim, build, tmp_path):
     require_simulator(sim)
-    cfg = BUILDS[build]
+    cfg = SIM_BUILDS[build]
     vcd = tmp_path / "waves.vcd" if build == "tiny" else None
     result = runner.run(cfg, "opentrn.sim.tb_tensor_engine", "tensor_engine", sim,
                         env={"OPENTRN_CASES": CASES_PER_RANDOM_TEST, "OPENTRN_SEED": 11},
@@ -59,7 +52,7 @@ def test_tensor_engine(sim, build, tmp_path):
 
 
 def test_acc16_build_really_wraps():
-    cfg = BUILDS["tiny-acc16"]
+    cfg = SIM_BUILDS["tiny-acc16"]
     wrapped = 0
     for op in directed_program(cfg, np.random.default_rng(0)):
         if op.stationary is not None:
