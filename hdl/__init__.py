@@ -5,6 +5,7 @@ from amaranth.hdl import Const, ValueCastable
 from opentrn.config import ConfigError
 
 from .activation_engine import ActivationEngine
+from .core import Core
 from .dma import DMA
 from .memory_system import MemorySystem
 from .processing_element import ProcessingElement
@@ -13,7 +14,7 @@ from .sbuf import SBUF
 from .tensor_engine import TensorEngine
 
 __all__ = ["ProcessingElement", "TensorEngine", "SBUF", "PSUM", "DMA", "MemorySystem",
-           "ActivationEngine", "TOPS", "toplevel", "ports"]
+           "ActivationEngine", "Core", "TOPS", "toplevel", "ports"]
 
 #: Blocks that can be a simulation or Verilog top level, by name.
 TOPS = {
@@ -23,6 +24,7 @@ TOPS = {
     "dma": DMA,
     "memory_system": MemorySystem,
     "activation_engine": ActivationEngine,
+    "core": Core,
 }
 
 

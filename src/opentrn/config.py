@@ -65,6 +65,8 @@ class Config:
         Data width of the AXI4 master to HBM, in bytes.
     dma_engines : int
         DMA engines per core.
+    semaphores : int
+        Hardware semaphores shared by the core's instruction sequencers (docs/isa.md).
     hbm_bytes : int
         HBM capacity addressed by the core's AXI master.
     clock_hz : int
@@ -86,6 +88,7 @@ class Config:
     psum_bank_entries: int
     dma_bus_bytes: int
     dma_engines: int
+    semaphores: int
     hbm_bytes: int
     clock_hz: int
     cores_per_chip: int
@@ -153,6 +156,8 @@ class Config:
              f"psum_banks * psum_bank_entries * 4 = {psum_bytes} bytes must be a multiple of "
              f"dma_bus_bytes={self.dma_bus_bytes} (PSUM words are one DMA bus beat)")
         rule("dma_engines", 1 <= self.dma_engines <= 64, "must be between 1 and 64")
+        rule("semaphores", 1 <= self.semaphores <= 256,
+             "must be between 1 and 256 (an instruction names one in 8 bits)")
         rule("hbm_bytes", self.hbm_bytes % 4096 == 0 and 4096 <= self.hbm_bytes <= 2**48,
              "must be a multiple of 4096 (one AXI4 burst boundary) between 4 KiB and 256 TiB")
         rule("clock_hz", self.clock_hz > 0, "must be positive")
@@ -221,7 +226,7 @@ _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtype": str, "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,
-    "dma_bus_bytes": int, "dma_engines": int, "hbm_bytes": int, "clock_hz": int,
+    "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
     "cores_per_chip": int, "chips_per_server": int,
     "hbm_bytes_per_s": float, "link_bytes_per_s": float,
 }
@@ -238,7 +243,8 @@ def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries):
         moving_max=psum_bank_entries,
         sbuf_partitions=n, sbuf_bytes_per_partition=sbuf_kib * _KiB,
         psum_banks=psum_banks, psum_bank_entries=psum_bank_entries,
-        dma_bus_bytes=dma_bus_bytes, dma_engines=1, hbm_bytes=16 * _MiB, clock_hz=clock_hz,
+        dma_bus_bytes=dma_bus_bytes, dma_engines=1, semaphores=8, hbm_bytes=16 * _MiB,
+        clock_hz=clock_hz,
         cores_per_chip=1, chips_per_server=1,
         hbm_bytes_per_s=float(dma_bus_bytes * clock_hz), link_bytes_per_s=0.0,
     )
@@ -267,6 +273,7 @@ def _trainium_core(core, chip, system):
         psum_bank_entries=psum_bank_entries,
         dma_bus_bytes=64,                    # not published: a 512-bit AXI4 modelling choice
         dma_engines=core["dma_engines"],
+        semaphores=32,                       # not published: a modelling choice
         hbm_bytes=chip["hbm_gib"] * _GiB,
         clock_hz=round(core["tensor_clock_ghz"] * 1e9),
         cores_per_chip=chip["cores"],

@@ -1,0 +1,364 @@
+"""The activation engine's execution unit: runs ``ACTIVATE`` instructions (docs/isa.md) by
+reading PSUM or SBUF vectors, streaming them through the
+:class:`~opentrn.hdl.activation_engine.ActivationEngine` pipeline and writing the results
+to the SBUF."""
+
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from opentrn import isa
+from opentrn.config import Config
+
+from . import psum as psum_mod
+from . import sbuf as sbuf_mod
+from .activation_engine import PARAM_BITS, ActivationEngine
+from .partitioned_memory import (
+    read_signature,
+    vector_request_layout,
+    vector_response_layout,
+    vector_write_layout,
+)
+
+__all__ = ["ActivationUnit", "READ_LATENCY", "INPUT_SLOTS"]
+
+#: Cycles from a read request's transfer to its response (PSUM and SBUF ``act_read``).
+READ_LATENCY = 1
+#: Slots of the input buffer. A slot is reserved when its read is requested and freed when
+#: the engine takes its last vector, READ_LATENCY + 1 cycles later at the earliest (the
+#: response is registered before the engine sees it), so this many sustain one read per
+#: cycle.
+INPUT_SLOTS = READ_LATENCY + 2
+#: Bytes of one int32 result, and of a bias value.
+INT32_BYTES = 4
+
+
+def _check_config(config):
+    if not isinstance(config, Config):
+        raise TypeError(f"config={config!r}: must be an opentrn.config.Config")
+    if config.dtype != "int8":
+        raise ValueError(f"dtype={config.dtype!r}: the activation unit hardware implements "
+                         "the int8 path; the floating-point formats are not built yet")
+    if config.pe_cols > config.sbuf_partitions:
+        raise ValueError(f"pe_cols={config.pe_cols}: must be at most sbuf_partitions="
+                         f"{config.sbuf_partitions} (lane p writes SBUF partition p)")
+
+
+def fault_of(m, check, config):
+    """The :class:`opentrn.isa.Fault` code (a value) of ``check`` (a view of
+    ``isa.layout(ACTIVATE)``) by the ACTIVATE rules: ``BAD_FIELD`` first, then
+    ``OUT_OF_RANGE``; 0 for any other opcode."""
+    cfg = config
+    size_bytes = cfg.sbuf_bytes_per_partition
+    n = check.n
+    # Field values are at most 32 bits: these sums and products cannot wrap.
+    dst_bytes = Mux(check.out_int32, n * INT32_BYTES, n)
+    dst_end = check.dst_offset + dst_bytes
+    src_end = check.src_offset + n
+
+    overlap = (check.src_offset < dst_end) & (check.dst_offset < src_end)
+    in_place = (check.src_offset == check.dst_offset) & ~check.out_int32
+    bad_field = Signal(name="check_bad_field")
+    m.d.comb += bad_field.eq(
+        (n == 0) | (n > cfg.moving_max)
+        | (check.out_int32 & (check.dst_offset % INT32_BYTES != 0))
+        | (check.bias & (check.bias_offset % INT32_BYTES != 0))
+        | (check.src & overlap & ~in_place))
+
+    out_of_range = Signal(name="check_out_of_range")
+    m.d.comb += out_of_range.eq(
+        Mux(check.src,
+            src_end > size_bytes,
+            (check.psum_bank >= cfg.psum_banks)
+            | (check.psum_entry + n > cfg.psum_bank_entries))
+        | (dst_end > size_bytes)
+        | (check.bias & (check.bias_offset + INT32_BYTES > size_bytes)))
+
+    return Mux(check.opcode != isa.Opcode.ACTIVATE, isa.Fault.NONE,
+               Mux(bad_field, isa.Fault.BAD_FIELD,
+                   Mux(out_of_range, isa.Fault.OUT_OF_RANGE, isa.Fault.NONE)))
+
+
+class ActivationUnit(wiring.Component):
+    """Executes ``ACTIVATE`` instructions, one at a time, in program order.
+
+    Per instruction (docs/isa.md, "ACTIVATE"):
+
+    1. With ``bias = 1``: one SBUF read of the word holding ``bias_offset``; lane ``p``'s
+       bias is the little-endian int32 at byte ``bias_offset % W`` of partition ``p``
+       (``W = dma_bus_bytes``; ``bias_offset`` is 4-aligned and ``W >= 4``, so it lies in
+       one word). Without bias the lanes' bias is 0.
+    2. The ``n`` input vectors: PSUM entries ``psum_entry + j`` of ``psum_bank`` (one read
+       each), or the int8 SBUF bytes ``src_offset + j`` sign-extended to ``acc_bits``
+       (each SBUF word read once, its bytes taken in turn).
+    3. The :class:`~opentrn.hdl.activation_engine.ActivationEngine` pipeline, its params
+       held from the instruction register and the bias register.
+    4. Results to SBUF partition ``p`` (lane ``p < pe_cols``; other partitions have strobe
+       0) at ``dst_offset + j`` (the low byte) or ``dst_offset + 4 j`` (4 bytes,
+       little-endian). Results that fall in one SBUF word are merged into one write with
+       byte strobes; other bytes are untouched.
+
+    Flow control. A read is requested only while an input buffer slot is free for its
+    response (``INPUT_SLOTS``: one read per cycle is sustained), since responses cannot be
+    refused. Results are merged in an assembly register and handed to a separate write
+    register, so the engine stalls only when a completed word waits for ``sbuf_write.ready``
+    while the previous write has not been granted.
+
+    Between instructions the unit drains: the next instruction is accepted only once the
+    previous one has retired, so the engine params never change under vectors in flight.
+    Within an instruction one vector enters the engine per cycle when the memories grant
+    every cycle; an instruction takes ``n + 8`` cycles from its transfer to the cycle after
+    its retire (``+ 2`` with bias), when the next can transfer. In-place operation
+    (``src = 1``, ``src_offset == dst_offset``, int8 out) is correct because every source
+    word is read once, before any result of its bytes exists.
+
+    Members
+    -------
+    instruction : ``In(stream.Signature(isa.layout(isa.Opcode.ACTIVATE)))``
+        Checked ``ACTIVATE`` instructions in program order; ready only while the unit is
+        idle.
+    check : ``In(isa.layout(isa.Opcode.ACTIVATE))``
+        An instruction to check (combinational).
+    check_valid : ``In(1)``
+        ``check`` holds an instruction.
+    fault : ``Out(3)``
+        The :class:`opentrn.isa.Fault` code of ``check`` (0 when fine, when ``check_valid``
+        is low, or for another opcode): ``BAD_FIELD`` rules first, then ``OUT_OF_RANGE``.
+    retire : ``Out(1)``
+        One pulse per accepted instruction, in order, in the cycle its last result write
+        transfers (the SBUF shows it from the next cycle).
+    active : ``Out(1)``
+        An accepted instruction has not retired: high from the cycle of its transfer up to
+        and including its retire cycle.
+    busy : ``Out(1)``
+        A vector enters the activation engine this cycle.
+    psum_read : ``Out(read_signature(psum.act_request_layout, psum.act_response_layout))``
+        To ``PSUM.act_read``: ``request.payload.{bank, entry}``; ``response.payload.data``.
+    sbuf_read : ``Out(read_signature(vector_request_layout, vector_response_layout))``
+        To ``SBUF.act_read``: ``request.payload.word``; ``response.payload.data``.
+    sbuf_write : ``Out(stream.Signature(vector_write_layout))``
+        To ``SBUF.act_write``: ``word``, ``data``, ``strobe``.
+    """
+
+    def __init__(self, *, config):
+        try:
+            _check_config(config)
+        except (TypeError, ValueError):
+            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
+            raise
+        self._config = config
+        partitions, word_bytes, depth = sbuf_mod.geometry(config)
+        self._sbuf_geometry = partitions, word_bytes, depth
+        layout = isa.layout(isa.Opcode.ACTIVATE)
+        super().__init__({
+            "instruction": In(stream.Signature(layout)),
+            "check": In(layout),
+            "check_valid": In(1),
+            "fault": Out(3),
+            "retire": Out(1),
+            "active": Out(1),
+            "busy": Out(1),
+            "psum_read": Out(read_signature(psum_mod.act_request_layout(config),
+                                            psum_mod.act_response_layout(config))),
+            "sbuf_read": Out(read_signature(vector_request_layout(depth),
+                                            vector_response_layout(partitions, word_bytes))),
+            "sbuf_write": Out(stream.Signature(vector_write_layout(partitions, word_bytes,
+                                                                   depth))),
+        })
+
+    def elaborate(self, platform):
+        cfg = self._config
+        partitions, width, depth = self._sbuf_geometry
+        lanes = cfg.pe_cols
+        byte_bits = exact_log2(width)
+        m = Module()
+
+        # -- the instruction check (combinational) ----------------------------------------
+        fault = fault_of(m, self.check, cfg)
+        m.d.comb += self.fault.eq(Mux(self.check_valid, fault, isa.Fault.NONE))
+
+        m.submodules.engine = engine = ActivationEngine(config=cfg)
+
+        # -- instruction register and sequencing ------------------------------------------
+        ins = Signal(isa.layout(isa.Opcode.ACTIVATE))
+        bias = Signal(data.ArrayLayout(signed(PARAM_BITS), lanes))
+        m.d.comb += [
+            engine.params.function.eq(ins.function),
+            engine.params.multiplier.eq(ins.multiplier),
+            engine.params.shift.eq(ins.shift),
+            engine.params.out_int32.eq(ins.out_int32),
+            engine.params.bias.eq(bias),
+        ]
+
+        # Read side: reads still to request, the next PSUM entry or SBUF word.
+        reads_left = Signal(range(cfg.moving_max + 1))
+        read_index = Signal(range(max(depth, cfg.psum_bank_entries)))
+        in_flight = Signal()                     # a read was granted last cycle
+        # Input buffer: a slot holds a PSUM vector or an SBUF word of every lane.
+        lane_bits = max(cfg.acc_bits, 8 * width)
+        slot_layout = data.ArrayLayout(unsigned(lane_bits), lanes)
+        slots = Signal(data.ArrayLayout(slot_layout, INPUT_SLOTS))
+        head = Signal(range(INPUT_SLOTS))
+        tail = Signal(range(INPUT_SLOTS))
+        level = Signal(range(INPUT_SLOTS + 1))
+        # Engine input side: the index of the next vector, its byte in the SBUF word.
+        in_index = Signal(range(cfg.moving_max))
+        in_byte = Signal(byte_bits)
+        # Result side: the next result's index and SBUF byte address; the word being
+        # assembled; the write register's "last of the instruction" flag.
+        out_index = Signal(range(cfg.moving_max))
+        out_address = Signal(range(cfg.sbuf_bytes_per_partition + 1))
+        assembly = Signal(data.ArrayLayout(unsigned(8 * width), lanes))
+        assembly_strobe = Signal(width)
+        write_last = Signal()
+
+        src = ins.src
+        last_index = ins.n - 1
+
+        instruction = self.instruction
+        read_req = self.sbuf_read.request
+        read_resp = self.sbuf_read.response
+        psum_req = self.psum_read.request
+        psum_resp = self.psum_read.response
+        write = self.sbuf_write
+        retire = write.valid & write.ready & write_last
+        m.d.comb += self.retire.eq(retire)
+
+        streaming = Signal()                     # the STREAM state
+        with m.FSM(name="state"):
+            with m.State("IDLE"):
+                m.d.comb += [instruction.ready.eq(1), self.active.eq(instruction.valid)]
+                with m.If(instruction.valid):
+                    new = instruction.payload
+                    first_word = new.src_offset >> byte_bits
+                    end_word = (new.src_offset + new.n - 1) >> byte_bits
+                    m.d.sync += [
+                        ins.eq(new),
+                        # One read per PSUM entry, or per SBUF word the source touches.
+                        reads_left.eq(Mux(new.src, end_word - first_word + 1, new.n)),
+                        read_index.eq(Mux(new.src, first_word, new.psum_entry)),
+                        in_index.eq(0),
+                        in_byte.eq(new.src_offset[:byte_bits]),
+                        out_index.eq(0),
+                        out_address.eq(new.dst_offset),
+                    ]
+                    for p in range(lanes):
+                        m.d.sync += bias[p].eq(0)
+                    with m.If(new.bias):
+                        m.next = "BIAS"
+                    with m.Else():
+                        m.next = "STREAM"
+            with m.State("BIAS"):
+                m.d.comb += [
+                    self.active.eq(1),
+                    read_req.valid.eq(1),
+                    read_req.payload.word.eq(ins.bias_offset >> byte_bits),
+                ]
+                with m.If(read_req.ready):
+                    m.next = "BIAS_RESPONSE"
+            with m.State("BIAS_RESPONSE"):
+                m.d.comb += self.active.eq(1)
+                # The response is valid in this cycle (READ_LATENCY = 1): the int32 of each
+                # lane is 4-aligned within the word.
+                slot = ins.bias_offset[2:byte_bits]
+                for p in range(lanes):
+                    word = read_resp.payload.data[p].as_value()
+                    m.d.sync += bias[p].eq(word.word_select(slot, PARAM_BITS))
+                m.next = "STREAM"
+            with m.State("STREAM"):
+                m.d.comb += [self.active.eq(1), streaming.eq(1)]
+                with m.If(retire):
+                    m.next = "IDLE"
+
+        # -- reads: only with a free slot for the response ---------------------------------
+        request = Signal()
+        m.d.comb += request.eq(streaming & (reads_left != 0)
+                               & (level + in_flight < INPUT_SLOTS))
+        with m.If(streaming):
+            m.d.comb += [
+                psum_req.valid.eq(request & ~src),
+                psum_req.payload.bank.eq(ins.psum_bank),
+                psum_req.payload.entry.eq(read_index),
+                read_req.valid.eq(request & src),
+                read_req.payload.word.eq(read_index),
+            ]
+        granted = Signal()
+        m.d.comb += granted.eq(streaming & Mux(src, read_req.valid & read_req.ready,
+                                               psum_req.valid & psum_req.ready))
+        m.d.sync += in_flight.eq(granted)
+        with m.If(granted):
+            m.d.sync += [reads_left.eq(reads_left - 1), read_index.eq(read_index + 1)]
+
+        # -- input buffer -> engine --------------------------------------------------------
+        push = Signal()
+        pop = Signal()
+        m.d.comb += push.eq(streaming & Mux(src, read_resp.valid, psum_resp.valid))
+        with m.If(push):
+            for p in range(lanes):
+                m.d.sync += slots[tail][p].eq(Mux(src, read_resp.payload.data[p].as_value(),
+                                                  psum_resp.payload.data[p].as_unsigned()))
+            m.d.sync += tail.eq(Mux(tail == INPUT_SLOTS - 1, 0, tail + 1))
+
+        current = slots[head]
+        m.d.comb += [
+            engine.input.valid.eq(level != 0),
+            engine.input.payload.last.eq(in_index == last_index),
+        ]
+        for p in range(lanes):
+            byte = current[p].word_select(in_byte, 8).as_signed()
+            m.d.comb += engine.input.payload.data[p].eq(
+                Mux(src, byte, current[p][:cfg.acc_bits].as_signed()))
+        take = engine.input.valid & engine.input.ready
+        m.d.comb += self.busy.eq(take)
+        with m.If(take):
+            m.d.sync += [in_index.eq(in_index + 1), in_byte.eq(in_byte + 1)]
+        # A PSUM slot is one vector; an SBUF slot is done at its last byte or the last
+        # vector.
+        m.d.comb += pop.eq(take & (~src | (in_byte == width - 1)
+                                   | (in_index == last_index)))
+        with m.If(pop):
+            m.d.sync += head.eq(Mux(head == INPUT_SLOTS - 1, 0, head + 1))
+        m.d.sync += level.eq(level + push - pop)
+
+        # -- engine -> assembly register -> write register -------------------------------
+        result = engine.output
+        result_bytes = Mux(ins.out_int32, INT32_BYTES, 1)
+        position = out_address[:byte_bits]
+        # The result completes its word, or is the instruction's last: the word goes out.
+        complete = Signal()
+        m.d.comb += complete.eq((position + result_bytes == width)
+                                | (out_index == last_index))
+        write_free = ~write.valid | write.ready
+        m.d.comb += result.ready.eq(~complete | write_free)
+        enable = Signal(width)
+        m.d.comb += enable.eq(Mux(ins.out_int32, (1 << INT32_BYTES) - 1, 1) << position)
+        merged = Signal(data.ArrayLayout(unsigned(8 * width), lanes))
+        for p in range(lanes):
+            value = result.payload.data[p]
+            # An int8 result is the low byte; the strobes pick the bytes it occupies.
+            bytes4 = Mux(ins.out_int32, value.as_unsigned(), value[:8].replicate(INT32_BYTES))
+            spread = Cat(*[bytes4] * (width // INT32_BYTES))
+            m.d.comb += merged[p].eq(Cat(*[
+                Mux(enable[b], spread[8 * b:8 * b + 8], assembly[p][8 * b:8 * b + 8])
+                for b in range(width)]))
+        merged_strobe = assembly_strobe | enable
+
+        with m.If(write.valid & write.ready):
+            m.d.sync += write.valid.eq(0)
+        with m.If(result.valid & result.ready):
+            m.d.sync += [out_index.eq(out_index + 1),
+                         out_address.eq(out_address + result_bytes)]
+            with m.If(complete):
+                m.d.sync += [
+                    write.valid.eq(1),
+                    write.payload.word.eq(out_address >> byte_bits),
+                    write_last.eq(out_index == last_index),
+                    assembly_strobe.eq(0),
+                ]
+                for p in range(lanes):
+                    m.d.sync += [write.payload.data[p].eq(merged[p]),
+                                 write.payload.strobe[p].eq(merged_strobe)]
+            with m.Else():
+                m.d.sync += [assembly.eq(merged), assembly_strobe.eq(merged_strobe)]
+        return m

@@ -1,0 +1,473 @@
+"""The tensor unit: executes the tensor engine's instructions (``LOAD_STATIONARY``,
+``MATMUL``) by reading the SBUF, driving the systolic array and writing the PSUM."""
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2, exact_log2
+
+from opentrn import isa
+
+from . import psum, sbuf
+from .partitioned_memory import (
+    read_signature,
+    vector_request_layout,
+    vector_response_layout,
+    vector_shape,
+)
+from .tensor_engine import TensorEngine
+
+__all__ = ["TensorUnit"]
+
+#: Instructions each path holds (executing and queued), so that the next ones are accepted
+#: while the current ones run: loads alternate with matmuls, so two loads suffice.
+_LOAD_JOBS = 2
+_MATMUL_JOBS = 4
+#: SBUF words each path buffers (received or requested). With a request granted every cycle
+#: a word is reserved for 3 cycles (request, response, use), so 3 keep one-word matmuls back
+#: to back; the fourth absorbs irregular grants (the port is shared with two other readers).
+#: A load's columns wait for the array anyway, so 2 suffice to have them ready in time.
+_LOAD_WORDS = 2
+_MATMUL_WORDS = 4
+#: Bits of an instruction's sequence number: twice the jobs that can be queued, so that the
+#: older of two queued jobs is told by the sign of the difference.
+_SEQUENCE_BITS = ceil_log2(_LOAD_JOBS + _MATMUL_JOBS) + 1
+
+
+def _common_job(config, count_max):
+    """The fields a column reader needs: the words to read and where the columns are."""
+    _, word_bytes, depth = sbuf.geometry(config)
+    return {
+        "first_word": range(depth), "last_word": range(depth),
+        "lane": exact_log2(word_bytes),          # byte of column 0 within its word
+        "count": range(count_max + 1),           # columns read from the SBUF
+        "sequence": _SEQUENCE_BITS,              # program order (wraps)
+    }
+
+
+def _load_job(config):
+    return data.StructLayout({**_common_job(config, config.pe_cols),
+                              "rows": range(config.pe_rows + 1)})
+
+
+def _matmul_job(config):
+    return data.StructLayout({
+        **_common_job(config, config.moving_max),
+        "bank": range(config.psum_banks), "entry": range(config.psum_bank_entries),
+        "accumulate": 1,
+        "swap": 1,                               # a load was accepted since the last matmul
+        "macs": range(config.pe_rows * config.pe_cols + 1),   # rows * cols of its tile
+    })
+
+
+def _select(m, out, items, index):
+    """``out = items[index]`` as a switch (one process: fast to simulate)."""
+    with m.Switch(index):
+        for position, item in enumerate(items):
+            with m.Case(position):
+                m.d.comb += out.eq(item)
+
+
+def _wrap_increment(value, depth):
+    return Mux(value == depth - 1, 0, value + 1)
+
+
+class _ColumnReader:
+    """One path's column reader: a queue of jobs, an address generator that requests each
+    job's SBUF words in order, a buffer of ``words`` words (a slot is reserved before its
+    request, since responses cannot be refused) and a byte extractor that presents the
+    job's columns one by one. Builds its logic into ``m``; not a separate module, so the
+    path logic around it stays readable in one place.
+
+    Inputs (drive them): ``push``/``push_job`` (enqueue, only when ``space``), ``grant``
+    (this reader's request was granted this cycle), ``response``/``response_data`` (the
+    answer of this reader's request), ``take`` (the current column ``col`` was consumed),
+    ``finish`` (the current job is complete: dequeue it).
+    Outputs: ``space``, ``want``/``word`` (request), ``gen_job`` (the address generator's
+    job), ``job`` (the extractor's job), ``has_job``, ``col``, ``in_data``
+    (``col < job.count``), ``word_ready`` (a word is held), ``column`` (byte ``col`` of the
+    job).
+    """
+
+    def __init__(self, m, name, *, config, layout, jobs, words, col_max):
+        partitions, word_bytes, depth = sbuf.geometry(config)
+        self.push = Signal(name=f"{name}_push")
+        self.push_job = Signal(layout, name=f"{name}_push_job")
+        self.grant = Signal(name=f"{name}_grant")
+        self.response = Signal(name=f"{name}_response")
+        self.response_data = Signal(vector_shape(partitions, word_bytes),
+                                    name=f"{name}_response_data")
+        self.take = Signal(name=f"{name}_take")
+        self.finish = Signal(name=f"{name}_finish")
+        self.space = Signal(name=f"{name}_space")
+        self.want = Signal(name=f"{name}_want")
+        self.word = Signal(range(depth), name=f"{name}_word")
+        self.job = Signal(layout, name=f"{name}_job")
+        self.has_job = Signal(name=f"{name}_has_job")
+        self.col = Signal(range(col_max + 1), name=f"{name}_col")
+        self.in_data = Signal(name=f"{name}_in_data")
+        self.word_ready = Signal(name=f"{name}_word_ready")
+        self.column = Signal(data.ArrayLayout(8, partitions), name=f"{name}_column")
+
+        # -- job queue: one write pointer, two read pointers (address generator, extractor)
+        queue = [Signal(layout, name=f"{name}_queue_{i}") for i in range(jobs)]
+        write_at = Signal(range(jobs), name=f"{name}_queue_write")
+        gen_at = Signal(range(jobs), name=f"{name}_queue_gen")
+        extract_at = Signal(range(jobs), name=f"{name}_queue_extract")
+        size = Signal(range(jobs + 1), name=f"{name}_queue_size")
+        to_generate = Signal(range(jobs + 1), name=f"{name}_queue_to_generate")
+        m.d.comb += [self.space.eq(size != jobs), self.has_job.eq(size != 0)]
+        with m.If(self.push):
+            for i in range(jobs):
+                with m.If(write_at == i):
+                    m.d.sync += queue[i].eq(self.push_job)
+            m.d.sync += write_at.eq(_wrap_increment(write_at, jobs))
+        m.d.sync += size.eq(size + self.push - self.finish)
+
+        # -- address generator: words first_word..last_word of each job, in job order ----
+        gen_job = Signal(layout, name=f"{name}_gen_job")
+        gen_index = Signal(range(depth), name=f"{name}_gen_index")
+        reserved = Signal(range(words + 1), name=f"{name}_reserved")   # held + in flight
+        _select(m, gen_job, queue, gen_at)
+        self.gen_job = gen_job
+        m.d.comb += [
+            self.word.eq(gen_job.first_word + gen_index),
+            self.want.eq((to_generate != 0) & (reserved != words)),
+        ]
+        gen_done = Signal(name=f"{name}_gen_done")
+        with m.If(self.grant):
+            with m.If(self.word == gen_job.last_word):
+                m.d.comb += gen_done.eq(1)
+                m.d.sync += [gen_index.eq(0), gen_at.eq(_wrap_increment(gen_at, jobs))]
+            with m.Else():
+                m.d.sync += gen_index.eq(gen_index + 1)
+        m.d.sync += to_generate.eq(to_generate + self.push - gen_done)
+
+        # -- word buffer ---------------------------------------------------------------------
+        buffer = [Signal(vector_shape(partitions, word_bytes), name=f"{name}_word_{i}")
+                  for i in range(words)]
+        fill_at = Signal(range(words), name=f"{name}_fill")
+        drain_at = Signal(range(words), name=f"{name}_drain")
+        stored = Signal(range(words + 1), name=f"{name}_stored")
+        with m.If(self.response):
+            for i in range(words):
+                with m.If(fill_at == i):
+                    m.d.sync += buffer[i].eq(self.response_data)
+            m.d.sync += fill_at.eq(_wrap_increment(fill_at, words))
+
+        # -- extractor -----------------------------------------------------------------------
+        head = Signal(vector_shape(partitions, word_bytes), name=f"{name}_head")
+        lane = Signal(exact_log2(word_bytes), name=f"{name}_lane")
+        _select(m, self.job, queue, extract_at)
+        _select(m, head, buffer, drain_at)
+        m.d.comb += [
+            lane.eq(self.job.lane + self.col),   # wraps within the word
+            self.in_data.eq(self.col < self.job.count),
+            self.word_ready.eq(stored != 0),
+        ]
+        with m.Switch(lane):
+            for byte in range(word_bytes):
+                with m.Case(byte):
+                    m.d.comb += [self.column[p].eq(head[p][byte]) for p in range(partitions)]
+        # A word is done after its last byte or the job's last column (the next job reads
+        # its own words, even the same one).
+        pop = Signal(name=f"{name}_pop")
+        m.d.comb += pop.eq(self.take & self.in_data
+                           & ((lane == word_bytes - 1) | (self.col == self.job.count - 1)))
+        with m.If(pop):
+            m.d.sync += drain_at.eq(_wrap_increment(drain_at, words))
+        m.d.sync += [
+            stored.eq(stored + self.response - pop),
+            reserved.eq(reserved + self.grant - pop),
+        ]
+        with m.If(self.finish):
+            m.d.sync += [self.col.eq(0), extract_at.eq(_wrap_increment(extract_at, jobs))]
+        with m.Elif(self.take):
+            m.d.sync += self.col.eq(self.col + 1)
+
+
+class TensorUnit(wiring.Component):
+    """The tensor engine's execution unit: runs ``LOAD_STATIONARY`` and ``MATMUL``
+    (docs/isa.md) on the systolic array (:class:`~opentrn.hdl.tensor_engine.TensorEngine`),
+    reading the SBUF and writing the PSUM.
+
+    The instruction stream splits into a load path and a matmul path, each with its own
+    column reader (job queue, SBUF word address generator, word buffer, byte extractor).
+    They share ``sbuf_read``, the older instruction first, so the next tile's columns are
+    read and fed to the array's idle weight bank while the current matmul streams its moving
+    vectors; the array keeps program order (a swap waits for the load, a load waits for the
+    swap before it). One SBUF read serves up to ``dma_bus_bytes`` columns.
+
+    * A load: ``pe_cols`` stationary beats, column ``m < cols`` from byte
+      ``sbuf_offset + m`` of partitions ``< rows`` (others 0), then zero columns.
+    * A matmul: ``n`` moving vectors, the first with ``swap`` when a load was accepted since
+      the previous matmul, the final one with ``last``; result ``j`` goes to PSUM
+      ``(psum_bank, psum_entry + j)``. A FIFO of ``pe_rows + pe_cols`` entries holds the
+      destination of the matmuls whose results are in flight.
+    * Instructions retire in program order: a load once its last column entered the array,
+      a matmul two cycles after its last result beat was accepted by the PSUM (readable).
+
+    Members
+    -------
+    instruction : ``In(stream.Signature(isa.layout(isa.Opcode.MATMUL)))``
+        Checked ``LOAD_STATIONARY`` and ``MATMUL`` words, in program order.
+    check : ``In(isa.layout(isa.Opcode.MATMUL))``; check_valid : ``In(1)``
+        An instruction to check.
+    fault : ``Out(3)``
+        Combinational: the :class:`~opentrn.isa.Fault` of ``check`` by the field rules and
+        the state rules (from the instructions accepted so far); 0 when fine, when
+        ``check_valid`` is low, or for other opcodes.
+    retire : ``Out(1)``
+        One pulse per accepted instruction, in program order, when it completes.
+    active : ``Out(1)``
+        An accepted instruction has not retired yet.
+    busy : ``Out(1)``
+        A moving vector enters the array this cycle.
+    macs : ``Out(range(pe_rows * pe_cols + 1))``
+        This cycle's multiply-accumulates: ``rows * cols`` of the tile the entering vector
+        uses, 0 when none enters.
+    sbuf_read : ``Out(read_signature(vector_request_layout, vector_response_layout))``
+        To ``SBUF.te_read``.
+    psum_write : ``Out(stream.Signature(psum.te_write_layout(config)))``
+        To ``PSUM.te_write``.
+    """
+
+    def __init__(self, *, config):
+        if config.dtype != "int8":
+            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
+            raise ValueError(f"dtype={config.dtype!r}: the tensor unit drives the int8 "
+                             "tensor engine; the floating-point formats are not built yet")
+        self._config = config
+        partitions, word_bytes, depth = sbuf.geometry(config)
+        super().__init__({
+            "instruction": In(stream.Signature(isa.layout(isa.Opcode.MATMUL))),
+            "check": In(isa.layout(isa.Opcode.MATMUL)),
+            "check_valid": In(1),
+            "fault": Out(3),
+            "retire": Out(1),
+            "active": Out(1),
+            "busy": Out(1),
+            "macs": Out(range(config.pe_rows * config.pe_cols + 1)),
+            "sbuf_read": Out(read_signature(vector_request_layout(depth),
+                                            vector_response_layout(partitions, word_bytes))),
+            "psum_write": Out(stream.Signature(psum.te_write_layout(config))),
+        })
+
+    # -- checks --------------------------------------------------------------------------
+
+    def _check(self, m, loaded, load_pending):
+        """``fault`` for the instruction on ``check`` (docs/isa.md, in its rule order)."""
+        cfg = self._config
+        k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
+        size = cfg.sbuf_bytes_per_partition
+        load = data.View(isa.layout(isa.Opcode.LOAD_STATIONARY), self.check.as_value())
+        mm = self.check
+        with m.If(self.check_valid):
+            with m.Switch(mm.opcode):
+                with m.Case(int(isa.Opcode.LOAD_STATIONARY)):
+                    with m.If(load_pending | (load.rows == 0) | (load.rows > k_rows)
+                              | (load.cols == 0) | (load.cols > m_cols)):
+                        m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
+                    with m.Elif(load.sbuf_offset + load.cols > size):
+                        m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
+                with m.Case(int(isa.Opcode.MATMUL)):
+                    with m.If(~loaded | (mm.n == 0) | (mm.n > cfg.moving_max)):
+                        m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
+                    with m.Elif((mm.sbuf_offset + mm.n > size)
+                                | (mm.psum_bank >= cfg.psum_banks)
+                                | (mm.psum_entry + mm.n > cfg.psum_bank_entries)):
+                        m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
+
+    def elaborate(self, platform):
+        cfg = self._config
+        k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
+        _, word_bytes, _ = sbuf.geometry(cfg)
+        lane_bits = exact_log2(word_bytes)
+        offset_bits = ceil_log2(cfg.sbuf_bytes_per_partition)
+        m = Module()
+        m.submodules.engine = engine = TensorEngine(config=cfg)
+
+        # -- program state: what the accepted instructions imply ----------------------------
+        loaded = Signal()            # a LOAD_STATIONARY was accepted
+        load_pending = Signal()      # ... and no MATMUL after it yet
+        tile_macs = Signal(range(k_rows * m_cols + 1))   # rows * cols of the latest load
+        sequence = Signal(_SEQUENCE_BITS)                 # of the next instruction
+        self._check(m, loaded, load_pending)
+
+        loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=_LOAD_JOBS,
+                              words=_LOAD_WORDS, col_max=m_cols)
+        matmuls = _ColumnReader(m, "matmul", config=cfg, layout=_matmul_job(cfg),
+                                jobs=_MATMUL_JOBS, words=_MATMUL_WORDS, col_max=cfg.moving_max)
+
+        # Program order of retirement: one bit per accepted instruction (1: a load). Deep
+        # enough for every instruction in the queues and the array with one-vector matmuls.
+        order_depth = 2 * (k_rows + m_cols) + _LOAD_JOBS + _MATMUL_JOBS
+        m.submodules.order = order = SyncFIFO(width=1, depth=order_depth)
+
+        # -- accept --------------------------------------------------------------------------
+        word = self.instruction.payload
+        load = data.View(isa.layout(isa.Opcode.LOAD_STATIONARY), word.as_value())
+        is_load = Signal()
+        m.d.comb += [
+            is_load.eq(word.opcode == isa.Opcode.LOAD_STATIONARY),
+            self.instruction.ready.eq(order.w_rdy & Mux(is_load, loads.space, matmuls.space)),
+        ]
+        accept = self.instruction.valid & self.instruction.ready
+
+        def place(job, offset, count):
+            """The word span and first lane of ``count`` columns from byte ``offset``."""
+            offset = offset[:offset_bits]
+            return [
+                job.first_word.eq(offset >> lane_bits),
+                job.last_word.eq((offset + count - 1) >> lane_bits),
+                job.lane.eq(offset[:lane_bits]),
+                job.count.eq(count),
+                job.sequence.eq(sequence),
+            ]
+
+        m.d.comb += [
+            *place(loads.push_job, load.sbuf_offset, load.cols),
+            loads.push_job.rows.eq(load.rows),
+            *place(matmuls.push_job, word.sbuf_offset, word.n),
+            matmuls.push_job.bank.eq(word.psum_bank),
+            matmuls.push_job.entry.eq(word.psum_entry),
+            matmuls.push_job.accumulate.eq(word.accumulate),
+            matmuls.push_job.swap.eq(load_pending),
+            matmuls.push_job.macs.eq(tile_macs),
+            loads.push.eq(accept & is_load),
+            matmuls.push.eq(accept & ~is_load),
+            order.w_en.eq(accept),
+            order.w_data.eq(is_load),
+        ]
+        with m.If(accept):
+            m.d.sync += sequence.eq(sequence + 1)
+            with m.If(is_load):
+                # rows <= K and cols <= M (checked): the product of the narrow fields.
+                rows = load.rows[:ceil_log2(k_rows + 1)]
+                cols = load.cols[:ceil_log2(m_cols + 1)]
+                m.d.sync += [loaded.eq(1), load_pending.eq(1), tile_macs.eq(rows * cols)]
+            with m.Else():
+                m.d.sync += load_pending.eq(0)
+
+        # -- the shared SBUF read port -------------------------------------------------------
+        # The older instruction first (the array consumes in program order, so its data is
+        # due first); a younger one gets the port whenever the older one cannot use it
+        # (no buffer space, no words left to request). A request not granted keeps its owner
+        # (and so its payload: a reader's word changes only when it is granted) until it is.
+        request = self.sbuf_read.request
+        owner = Signal()             # 1: the load path
+        locked = Signal()
+        locked_owner = Signal()
+        with m.If(locked):
+            m.d.comb += owner.eq(locked_owner)
+        with m.Elif(loads.want & matmuls.want):
+            # Sequence numbers wrap: the older has the negative difference.
+            age = loads.gen_job.sequence - matmuls.gen_job.sequence
+            m.d.comb += owner.eq(age[_SEQUENCE_BITS - 1])
+        with m.Else():
+            m.d.comb += owner.eq(loads.want)
+        granted = request.valid & request.ready
+        m.d.comb += [
+            request.valid.eq(loads.want | matmuls.want),
+            request.payload.word.eq(Mux(owner, loads.word, matmuls.word)),
+            loads.grant.eq(granted & owner),
+            matmuls.grant.eq(granted & ~owner),
+        ]
+        m.d.sync += [locked.eq(request.valid & ~request.ready), locked_owner.eq(owner)]
+        responding = Signal()        # owner of the response due this cycle
+        with m.If(granted):
+            m.d.sync += responding.eq(owner)
+        response = self.sbuf_read.response
+        m.d.comb += [
+            loads.response.eq(response.valid & responding),
+            matmuls.response.eq(response.valid & ~responding),
+            loads.response_data.eq(response.payload.data),
+            matmuls.response_data.eq(response.payload.data),
+        ]
+
+        # -- load path: pe_cols stationary beats per load --------------------------------
+        stationary = engine.stationary
+        m.d.comb += stationary.valid.eq(loads.has_job & (~loads.in_data | loads.word_ready))
+        with m.If(loads.in_data):
+            for row in range(k_rows):
+                with m.If(row < loads.job.rows):
+                    m.d.comb += stationary.payload.data[row].eq(loads.column[row])
+        load_done = Signal()
+        m.d.comb += [
+            loads.take.eq(stationary.valid & stationary.ready),
+            load_done.eq(loads.take & (loads.col == m_cols - 1)),
+            loads.finish.eq(load_done),
+        ]
+
+        # -- matmul path: n moving vectors per matmul --------------------------------------
+        result_layout = data.StructLayout({"bank": range(cfg.psum_banks),
+                                           "entry": range(cfg.psum_bank_entries),
+                                           "accumulate": 1})
+        # Results leave K + M - 1 cycles after their vector entered: this many one-vector
+        # matmuls can be in flight.
+        m.submodules.results = results = SyncFIFO(width=result_layout.size,
+                                                  depth=k_rows + m_cols)
+        moving = engine.moving
+        first = matmuls.col == 0
+        last = matmuls.col == matmuls.job.count - 1
+        m.d.comb += [
+            # A matmul enters only with a slot for its results' destination.
+            moving.valid.eq(matmuls.has_job & matmuls.word_ready & (~first | results.w_rdy)),
+            moving.payload.data.eq(matmuls.column),
+            moving.payload.swap.eq(first & matmuls.job.swap),
+            moving.payload.last.eq(last),
+            matmuls.take.eq(moving.valid & moving.ready),
+            matmuls.finish.eq(matmuls.take & last),
+            results.w_en.eq(matmuls.take & first),
+            self.busy.eq(matmuls.take),
+            self.macs.eq(Mux(matmuls.take, matmuls.job.macs, 0)),
+        ]
+        destination = data.View(result_layout, results.w_data)
+        m.d.comb += [
+            destination.bank.eq(matmuls.job.bank),
+            destination.entry.eq(matmuls.job.entry),
+            destination.accumulate.eq(matmuls.job.accumulate),
+        ]
+
+        # -- results -> PSUM -------------------------------------------------------------
+        head = data.View(result_layout, results.r_data)
+        result_index = Signal(range(cfg.psum_bank_entries))
+        write = self.psum_write
+        m.d.comb += [
+            write.valid.eq(engine.result.valid),
+            write.payload.bank.eq(head.bank),
+            write.payload.entry.eq(head.entry + result_index),
+            write.payload.data.eq(engine.result.payload.data),
+            write.payload.accumulate.eq(head.accumulate),
+            engine.result.ready.eq(write.ready),
+        ]
+        written = write.valid & write.ready
+        matmul_done = Signal()       # the last beat was accepted last cycle
+        m.d.sync += matmul_done.eq(written & engine.result.payload.last)
+        with m.If(written):
+            with m.If(engine.result.payload.last):
+                m.d.sync += result_index.eq(0)
+                m.d.comb += results.r_en.eq(1)
+            with m.Else():
+                m.d.sync += result_index.eq(result_index + 1)
+
+        # -- retire in program order -------------------------------------------------------
+        # Completions counted per kind (each kind completes in its own order), retired
+        # when the instruction at the head of the program order has completed. A matmul
+        # completion is counted one cycle after its last beat was accepted, so it retires
+        # two cycles after, when the PSUM returns it.
+        loads_done = Signal(range(order_depth + 1))
+        matmuls_done = Signal(range(order_depth + 1))
+        head_is_load = order.r_data[0]
+        m.d.comb += [
+            self.retire.eq(order.r_rdy & Mux(head_is_load, loads_done != 0,
+                                             matmuls_done != 0)),
+            order.r_en.eq(self.retire),
+            self.active.eq(order.r_rdy),
+        ]
+        m.d.sync += [
+            loads_done.eq(loads_done + load_done - (self.retire & head_is_load)),
+            matmuls_done.eq(matmuls_done + matmul_done - (self.retire & ~head_is_load)),
+        ]
+        return m

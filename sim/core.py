@@ -1,0 +1,68 @@
+"""Run programs on the core RTL under cocotb, with the result in the golden machine's terms
+(:class:`opentrn.golden.core.Outcome`), so that a kernel runs on either with the same call.
+"""
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from opentrn.golden.core import Outcome
+from opentrn.hdl.core import COUNTERS
+from opentrn.isa import Engine, Fault
+
+from . import runner
+
+__all__ = ["run_images", "watchdog_cycles", "CoreRunError"]
+
+
+class CoreRunError(RuntimeError):
+    """The simulation itself failed (a hang caught by the watchdog, a testbench error)."""
+
+
+def watchdog_cycles(hbm, programs):
+    """A generous bound on the cycles of a run: every byte of the image fetched or moved
+    a few times over, plus a fixed margin. A run that takes longer has hung."""
+    return 50_000 + 8 * int(len(hbm))
+
+
+def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure=0.0,
+               seed=1, progress=None):
+    """Run each job ``(hbm, programs)`` (an HBM image from address 0 and three program
+    pointers) on the core in one simulation, one after another with a soft reset between;
+    return one :class:`Outcome` per job (its ``hbm`` the image's length of HBM after the run;
+    ``counters`` the hardware's) and the :class:`~opentrn.sim.runner.SimResult`, whose
+    ``reports`` hold each job's status and timing."""
+    sim = sim or runner.long_run_simulator()
+    with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
+        folder = Path(folder)
+        specs = []
+        for index, (hbm, programs) in enumerate(jobs):
+            hbm = np.asarray(hbm, dtype=np.uint8)
+            image = folder / f"image{index}.npz"
+            np.savez(image, hbm=hbm, programs=np.array(programs, dtype=np.uint64))
+            specs.append({"image": str(image), "result": str(folder / f"result{index}.npz"),
+                          "watchdog": watchdog_cycles(hbm, programs)})
+        result = runner.run(config, "opentrn.sim.tb_core", "core", sim, env={
+            "OPENTRN_JOBS": json.dumps(specs),
+            "OPENTRN_LATENCY": ",".join(str(int(x)) for x in latency),
+            "OPENTRN_BACKPRESSURE": backpressure, "OPENTRN_SEED": seed,
+        }, vcd=vcd, progress=progress)
+        records = [r for r in result.reports if r.get("test") == "job"]
+        if not result.passed or len(records) != len(jobs):
+            raise CoreRunError(f"the core simulation failed on {sim}: see {result.log}")
+        outcomes = []
+        for spec, record in zip(specs, records, strict=True):
+            saved = np.load(spec["result"])
+            fault = Fault(record["error_code"]) if record["error"] else Fault.NONE
+            outcomes.append(Outcome(
+                fault=fault,
+                engine=Engine(record["error_engine"]) if record["error"] else None,
+                pc=record["error_pc"] if record["error"] else None,
+                dma_error_code=record["dma_error_code"] if record["error"] else 0,
+                counters={name: int(value) for name, value in
+                          zip(COUNTERS, saved["counters"], strict=True)},
+                hbm=saved["hbm"].copy(), sbuf=None, psum=None, retired={}, semaphores=[]))
+        return outcomes, result
+

@@ -1,0 +1,147 @@
+"""cocotb testbench of the whole core (:mod:`opentrn.hdl.core`): it plays the host.
+
+For each job (an HBM image and three program pointers, in the files that
+:func:`opentrn.sim.core.run_images` writes), in one simulation: soft reset through the host
+registers, load the image into the HBM model (cocotbext-axi's AXI4 RAM with latency and
+back-pressure, :class:`~opentrn.sim.hbm.HbmModel`), write the program pointers over
+AXI4-Lite (cocotbext-axi's ``AxiLiteMaster``), enable the interrupt, start, and wait for the
+interrupt. A watchdog turns a hang into a failure that prints the engines' states. Then the
+status, the fault fields and the counters are read over AXI4-Lite, the bench waits for
+``STATUS.idle``, and the HBM image is saved for the Python side to compare with the golden
+machine and numpy.
+
+Environment: ``OPENTRN_CONFIG``, ``OPENTRN_REPORT``, ``OPENTRN_JOBS`` (a JSON list of
+``{"image": npz, "result": npz, "watchdog": cycles}``), ``OPENTRN_LATENCY`` (``lo,hi``
+cycles per HBM burst), ``OPENTRN_BACKPRESSURE``, ``OPENTRN_SEED``.
+"""
+
+import json
+import os
+import time
+import warnings
+
+import cocotb
+import numpy as np
+from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
+from cocotb.utils import get_sim_time
+from cocotbext.axi import AxiLiteBus, AxiLiteMaster
+
+from opentrn.hdl.core import COUNTERS
+from opentrn.hdl.host_registers import REGISTERS
+from opentrn.isa import Engine
+
+from . import harness
+from .hbm import HbmModel
+
+# cocotbext-axi 0.1.28 still calls cocotb 1 APIs that cocotb 2 deprecates.
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"cocotbext\.axi")
+
+CONTROL_START, CONTROL_SOFT_RESET = 1, 2
+IRQ_DONE, IRQ_ERROR = 1, 2
+
+
+def offset(name):
+    return REGISTERS[name][0] if isinstance(REGISTERS[name], tuple) else REGISTERS[name].offset
+
+
+def decode_status(value):
+    return {"busy": value & 1, "idle": (value >> 1) & 1, "done": (value >> 2) & 1,
+            "error": (value >> 3) & 1, "error_code": (value >> 4) & 7,
+            "error_engine": (value >> 8) & 3, "dma_error_code": (value >> 12) & 15}
+
+
+class Host:
+    """The host's side of the register protocol (docs/registers.md)."""
+
+    def __init__(self, dut):
+        self.master = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "host_"), dut.clk, dut.rst)
+
+    async def read(self, name):
+        return await self.master.read_dword(offset(name))
+
+    async def write(self, name, value):
+        await self.master.write_dword(offset(name), value)
+
+    async def read64(self, name):
+        low = await self.master.read_dword(offset(f"{name}_LO"))
+        return low | (await self.master.read_dword(offset(f"{name}_HI"))) << 32
+
+    async def write64(self, name, value):
+        await self.write(f"{name}_LO", value & 0xFFFF_FFFF)
+        await self.write(f"{name}_HI", value >> 32)
+
+
+async def _engine_states(dut):
+    """What a hung run looks like from inside: each sequencer's pc and flags."""
+    lines = []
+    for engine in Engine:
+        prefix = f"{engine.name.lower()}_sequencer"
+        block = getattr(dut, prefix, None)
+        if block is None:
+            continue
+        values = {}
+        for name in ("pc", "waiting", "pending", "finished", "error", "error_code"):
+            handle = getattr(block, name, None)
+            if handle is not None:
+                values[name] = int(handle.value) if handle.value.is_resolvable else "x"
+        lines.append(f"{engine.name}: {values}")
+    return "\n".join(lines)
+
+
+@cocotb.test()
+async def run_jobs(dut):
+    config = harness.config()
+    jobs = json.loads(os.environ["OPENTRN_JOBS"])
+    latency_text = os.environ.get("OPENTRN_LATENCY", "0,0")
+    latency = tuple(int(x) for x in latency_text.split(","))
+    backpressure = harness.setting("backpressure", 0.0, float)
+    harness.start_clock(dut)
+    hbm = HbmModel(dut, "axi_", dut.clk, size=config.hbm_bytes,
+                   period_ns=harness.CLOCK_PERIOD_NS, latency=latency,
+                   backpressure=backpressure, seed=harness.setting("seed", 1))
+    host = Host(dut)
+    await harness.reset(dut)
+    for index, job in enumerate(jobs):
+        image = np.load(job["image"])
+        hbm_image, programs = image["hbm"], [int(p) for p in image["programs"]]
+        await host.write("CONTROL", CONTROL_SOFT_RESET)
+        hbm.write(0, hbm_image.tobytes())
+        # Whatever the previous job left beyond this image is cleared, as a fresh HBM.
+        hbm.write(len(hbm_image), bytes(hbm.size - len(hbm_image)))
+        for engine, pointer in zip(Engine, programs, strict=True):
+            await host.write64(f"{engine.name}_PROGRAM", pointer)
+        await host.write("IRQ_STATUS", IRQ_DONE | IRQ_ERROR)
+        await host.write("IRQ_ENABLE", IRQ_DONE | IRQ_ERROR)
+        wall = time.monotonic()
+        started = get_sim_time("step")
+        await host.write("CONTROL", CONTROL_START)
+        watchdog = int(job["watchdog"])
+        if not dut.irq.value:
+            fired = await First(RisingEdge(dut.irq),
+                                Timer(watchdog * harness.CLOCK_PERIOD_NS, unit="ns"))
+            if not dut.irq.value:
+                status = decode_status(await host.read("STATUS"))
+                counters = {name: await host.read64(name.upper()) for name in COUNTERS}
+                raise AssertionError(
+                    f"job {index}: no interrupt within {watchdog} cycles ({fired}); "
+                    f"status {status}; counters {counters}\n{await _engine_states(dut)}")
+        wall = time.monotonic() - wall
+        status = decode_status(await host.read("STATUS"))
+        error_pc = await host.read64("ERROR_PC")
+        counters = {name: await host.read64(name.upper()) for name in COUNTERS}
+        irq_status = await host.read("IRQ_STATUS")
+        for _ in range(watchdog):
+            if decode_status(await host.read("STATUS"))["idle"]:
+                break
+            await ClockCycles(dut.clk, 16)
+        else:
+            raise AssertionError(f"job {index}: not idle after the run\n"
+                                 f"{await _engine_states(dut)}")
+        final = np.frombuffer(hbm.read(0, len(hbm_image)), dtype=np.uint8)
+        steps = get_sim_time("step") - started
+        np.savez(job["result"], hbm=final, counters=np.array(
+            [counters[name] for name in COUNTERS], dtype=np.uint64))
+        record = {"test": "job", "job": index, **status, "error_pc": error_pc,
+                  "irq_status": irq_status, "counters": counters,
+                  "wall_seconds": wall, "sim_steps": steps}
+        harness.report(record)

@@ -1,0 +1,946 @@
+"""An NKI-like kernel builder: tensors in HBM, tiles in the SBUF and PSUM, and the
+instructions of the three engine streams (docs/isa.md), with the semaphores inserted for you.
+
+A :class:`Kernel` records instructions in the order of the calls; each call goes to its
+engine's stream (``dma`` to the DMA engine, ``load_stationary`` and ``matmul`` to the tensor
+engine, ``activation`` to the activation engine). Every instruction reads and writes regions
+(a tensor's rows x bytes, a tile's partitions x bytes); for each new instruction the builder
+finds the earlier instructions of the other engines it conflicts with (read after write,
+write after read, write after write) and makes it wait until they have completed:
+
+* every instruction except ``END`` signals its own engine's semaphore (semaphore ``e`` counts
+  the completed instructions of engine ``e``: they complete in program order), so "until
+  instruction ``#i`` of engine ``f`` has completed" is the wait ``sem[f] >= i + 1``;
+* an instruction has one wait: the largest value needed per engine is kept, and the others
+  go into ``NOP`` instructions just before it on its own stream;
+* a wait already implied by an earlier wait of the stream (directly, or through what the
+  awaited instruction had itself waited for) is dropped;
+* the DMA engine runs its descriptors one after another and the tensor engine never reads
+  what it writes, so neither waits for itself; the pipelined activation engine waits for
+  its own earlier ``ACTIVATE`` when their SBUF bytes conflict.
+
+:meth:`Kernel.build` lays out one HBM image (the three streams at 4 KiB-aligned addresses
+from 0, then the tensors, 64-byte aligned) and returns a :class:`Program`, which runs on the
+golden machine (:func:`golden_backend`) or on any backend ``(program) -> Outcome``.
+
+Every argument is checked when the call is made: a :class:`KernelError` names the argument,
+its value and the rule, so that no instruction the hardware would refuse is ever emitted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from opentrn import isa
+from opentrn.config import Config
+
+__all__ = ["Kernel", "KernelError", "KernelRunError", "Program", "Tensor", "SbufTile",
+           "PsumTile", "View", "Pattern", "golden_backend", "PROGRAM_ALIGN", "TENSOR_ALIGN",
+           "FUNCTIONS", "ENGINE_NAMES", "OUTPUT_FILL"]
+
+#: Alignment of each instruction stream in the HBM image (an AXI4 4 KiB boundary).
+PROGRAM_ALIGN = 4096
+#: Alignment of each tensor in the HBM image.
+TENSOR_ALIGN = 64
+#: Activation functions by name, with their ``function`` code.
+FUNCTIONS = {"identity": 0, "relu": 1}
+#: Engine names, in engine-number order (``instruction_counts`` keys).
+ENGINE_NAMES = ("dma", "tensor", "activation")
+#: The byte written in output tensors before the run, so that a byte no instruction wrote
+#: shows in the results.
+OUTPUT_FILL = 0xA5
+
+_DMA, _TENSOR, _ACT = isa.Engine.DMA, isa.Engine.TENSOR, isa.Engine.ACTIVATION
+_SIZE_MAX = (1 << 16) - 1      # DMA n0, n1, n2 fields
+_PART_MAX = (1 << 8) - 1       # DMA partition and partition-step fields
+_SEM_MAX = (1 << 32) - 1       # semaphore values
+_DTYPES = {np.dtype(np.int8): 0, np.dtype(np.int32): 2}   # -> elem_log2
+
+
+class KernelError(ValueError):
+    """A kernel argument that breaks a rule: the message names the argument, its value and
+    the rule."""
+
+
+def _fail(name, value, rule):
+    raise KernelError(f"{name}={value!r}: {rule}")
+
+
+def _int(name, value, lo=None, hi=None):
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        _fail(name, value, "must be an integer")
+    value = int(value)
+    if lo is not None and value < lo or hi is not None and value > hi:
+        rule = (f"must be between {lo} and {hi}" if lo is not None and hi is not None
+                else f"must be at least {lo}" if lo is not None else f"must be at most {hi}")
+        _fail(name, value, rule)
+    return value
+
+
+def _align(value, alignment):
+    return -(-value // alignment) * alignment
+
+
+# -- tensors, tiles and views ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A 2-D row-major tensor in HBM (int8 or int32), an input (with data) or an output."""
+    index: int
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    kind: str                       # "input" or "output"
+    data: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def row_bytes(self):
+        return self.shape[1] * self.itemsize
+
+    @property
+    def nbytes(self):
+        return self.shape[0] * self.row_bytes
+
+    @property
+    def space(self):
+        return "hbm"
+
+    def __getitem__(self, key):
+        return View._make(self, key, self.shape, "elements")
+
+
+@dataclass(frozen=True, eq=False)
+class SbufTile:
+    """An SBUF tile: partitions ``0 .. partitions-1``, bytes ``offset .. offset+nbytes-1``.
+    The byte range is reserved in every partition (the activation engine writes all
+    ``pe_cols`` lanes), so a tile never shares bytes with another live tile."""
+    index: int
+    partitions: int
+    offset: int
+    nbytes: int
+
+    @property
+    def shape(self):
+        return (self.partitions, self.nbytes)
+
+    @property
+    def space(self):
+        return "sbuf"
+
+    def __getitem__(self, key):
+        return View._make(self, key, self.shape, "bytes")
+
+
+@dataclass(frozen=True, eq=False)
+class PsumTile:
+    """A PSUM tile: entries ``entry .. entry+entries-1`` of bank ``bank`` in every PSUM
+    partition (``pe_cols``); each entry is one 4-byte accumulator."""
+    index: int
+    bank: int
+    entry: int
+    entries: int
+    partitions: int
+    bank_entries: int
+
+    @property
+    def shape(self):
+        return (self.partitions, self.entries)
+
+    @property
+    def nbytes(self):
+        return 4 * self.entries
+
+    @property
+    def base(self):
+        """Byte address of the first entry in the DMA's PSUM address space."""
+        return (self.bank * self.bank_entries + self.entry) * 4
+
+    @property
+    def space(self):
+        return "psum"
+
+    def __getitem__(self, key):
+        return View._make(self, key, self.shape, "entries")
+
+
+@dataclass(frozen=True)
+class View:
+    """A rectangle of a tensor or tile: rows (tensor rows, tile partitions) ``r0:r1`` and
+    columns ``c0:c1`` in the base's units (tensor elements, SBUF bytes, PSUM entries)."""
+    base: Tensor | SbufTile | PsumTile
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+    @staticmethod
+    def _make(base, key, shape, unit):
+        if not isinstance(key, tuple):
+            key = (key, slice(None))
+        if len(key) != 2:
+            _fail("index", key, "must be two slices: [rows, columns]")
+        bounds = []
+        for axis, (k, size, what) in enumerate(zip(key, shape, ("rows", unit), strict=True)):
+            if isinstance(k, int | np.integer) and not isinstance(k, bool):
+                k = slice(int(k), int(k) + 1) if k >= 0 else slice(size + k, size + k + 1)
+            if not isinstance(k, slice) or k.step not in (None, 1):
+                _fail(f"index[{axis}]", k, "must be an integer or a slice without step")
+            start, stop, _ = k.indices(size)
+            given = (k.start, k.stop)
+            if any(g is not None and not -size <= g <= size for g in given) or stop <= start:
+                _fail(f"index[{axis}]", k, f"must be a non-empty range of the {size} {what} "
+                      f"of {_describe(base)}")
+            bounds += [start, stop]
+        return View(base, *bounds)
+
+    @property
+    def rows(self):
+        return self.r1 - self.r0
+
+    @property
+    def cols(self):
+        return self.c1 - self.c0
+
+    @property
+    def unit_bytes(self):
+        """Bytes of one column unit."""
+        base = self.base
+        return base.itemsize if isinstance(base, Tensor) else 4 if isinstance(
+            base, PsumTile) else 1
+
+    @property
+    def row_bytes(self):
+        return self.cols * self.unit_bytes
+
+
+def _describe(base):
+    if isinstance(base, Tensor):
+        return f"tensor {base.name!r} {base.shape} {base.dtype}"
+    if isinstance(base, SbufTile):
+        return f"SBUF tile #{base.index} ({base.partitions} partitions x {base.nbytes} bytes)"
+    return f"PSUM tile #{base.index} (bank {base.bank}, {base.entries} entries)"
+
+
+def _as_view(name, value, kinds):
+    if isinstance(value, Tensor | SbufTile | PsumTile):
+        value = value[:, :]
+    if not isinstance(value, View) or not isinstance(value.base, kinds):
+        _fail(name, value, "must be a view of " + " or ".join(k.__name__ for k in kinds))
+    return value
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One side of a general (3-D) DMA transfer (:meth:`Kernel.dma_pattern`): row
+    ``(i1, i2)`` starts ``offset + i1 * stride1 + i2 * stride2`` bytes into ``base`` (a
+    tensor: from its first byte; a tile: from its first byte) and, in a tile, in partition
+    ``partition + i1 * pstep1 + i2 * pstep2``. Strides and steps are unsigned."""
+    base: Tensor | SbufTile | PsumTile
+    offset: int = 0
+    stride1: int = 0
+    stride2: int = 0
+    partition: int = 0
+    pstep1: int = 0
+    pstep2: int = 0
+
+
+# -- dependency tracking ---------------------------------------------------------------------
+
+# A region is (key, rect): key names an allocation ("hbm"|"sbuf"|"psum", index), rect is
+# (a0, a1, b0, b1): rows/partitions a0..a1-1 x absolute bytes b0..b1-1 of that space.
+
+
+def _overlap(r, s):
+    return r[0] < s[1] and s[0] < r[1] and r[2] < s[3] and s[2] < r[3]
+
+
+def _inside(r, s):
+    """Rect ``r`` inside rect ``s``."""
+    return s[0] <= r[0] and r[1] <= s[1] and s[2] <= r[2] and r[3] <= s[3]
+
+
+class _Tracker:
+    """The accesses of past instructions, per allocation and engine, pruned of the ones a
+    later access of the same engine makes redundant (a newer access over the same region
+    that conflicts with everything the older one conflicts with)."""
+
+    def __init__(self):
+        self.records = {}          # key -> [list per engine of (idx, write, rect)]
+        self.graves = {"sbuf": [], "psum": []}    # freed: (b0, b1, records)
+
+    def new_key(self, key, span):
+        """Start tracking allocation ``key`` over the byte span ``(b0, b1)``, inheriting the
+        accesses of freed allocations that shared its bytes (WAR / WAW across reuse)."""
+        lists = [[] for _ in isa.Engine]
+        graves = self.graves.get(key[0], [])
+        keep = []
+        for b0, b1, records in graves:
+            if b0 < span[1] and span[0] < b1:
+                for engine, recs in enumerate(records):
+                    lists[engine] += recs
+                if not (span[0] <= b0 and b1 <= span[1]):
+                    keep.append((b0, b1, records))
+            else:
+                keep.append((b0, b1, records))
+        if key[0] in self.graves:
+            self.graves[key[0]] = keep
+        self.records[key] = lists
+
+    def retire(self, key, span):
+        self.graves[key[0]].append((span[0], span[1], self.records.pop(key)))
+
+    def needs(self, engine, accesses):
+        """``{engine f: value}``: waits ``sem[f] >= value`` the accesses require."""
+        need = {}
+        for key, write, rect in accesses:
+            lists = self.records[key]
+            for f in isa.Engine:
+                if f == engine and not (f == _ACT and key[0] == "sbuf"):
+                    continue
+                for idx, rec_write, rec_rect in lists[f]:
+                    if (write or rec_write) and idx + 1 > need.get(f, 0) and _overlap(
+                            rect, rec_rect):
+                        need[f] = idx + 1
+        return need
+
+    def add(self, engine, idx, accesses):
+        for key, write, rect in accesses:
+            recs = self.records[key][engine]
+            recs[:] = [r for r in recs if not (_inside(r[2], rect) and (write or not r[1]))]
+            recs.append((idx, write, rect))
+
+
+# -- the program ------------------------------------------------------------------------------
+
+
+def golden_backend(program):
+    """Run ``program`` on the golden machine: an ``Outcome``."""
+    from opentrn.golden.core import Core
+    return Core(program.config).run(program.hbm, program.programs)
+
+
+class KernelRunError(RuntimeError):
+    """A run that ended with a fault; ``outcome`` has the details."""
+
+    def __init__(self, message, outcome):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+@dataclass
+class Program:
+    """A built kernel: the HBM image holding the three instruction streams and the
+    tensors, and where everything is.
+
+    ``hbm`` is the used prefix of HBM (a multiple of 4096 bytes); ``programs`` the byte
+    addresses of the DMA, tensor and activation streams; ``inputs`` / ``outputs`` map a
+    tensor name to ``(addr, shape, dtype name)``; ``instruction_counts`` the instructions of
+    each stream (``NOP`` and ``END`` included), ``opcode_counts`` the same per opcode;
+    ``macs`` the useful multiply-accumulates (``rows * cols * n`` of every matmul)."""
+    config: Config
+    hbm: np.ndarray
+    programs: tuple
+    inputs: dict
+    outputs: dict
+    instruction_counts: dict
+    macs: int
+    name: str = "kernel"
+    opcode_counts: dict = field(default_factory=dict)
+
+    def read_outputs(self, hbm):
+        """``{name: array}`` of the output tensors in the HBM image ``hbm``."""
+        return {name: self._read(hbm, spec) for name, spec in self.outputs.items()}
+
+    def read_inputs(self, hbm=None):
+        """``{name: array}`` of the input tensors (in ``hbm``, default the program's)."""
+        hbm = self.hbm if hbm is None else hbm
+        return {name: self._read(hbm, spec) for name, spec in self.inputs.items()}
+
+    @staticmethod
+    def _read(hbm, spec):
+        addr, shape, dtype = spec
+        dtype = np.dtype(dtype)
+        size = math.prod(shape) * dtype.itemsize
+        hbm = np.asarray(hbm, np.uint8)
+        if addr + size > len(hbm):
+            raise ValueError(f"hbm has {len(hbm)} bytes: the tensor at {addr} needs "
+                             f"{addr + size}")
+        return hbm[addr:addr + size].copy().view(dtype.newbyteorder("<")).astype(
+            dtype).reshape(shape)
+
+    def run(self, backend: Callable | None = None, *, check=True):
+        """Run on ``backend`` (``(program) -> Outcome``, default :func:`golden_backend`):
+        ``(outputs, outcome)``. With ``check``, a fault raises :class:`KernelRunError`."""
+        outcome = (backend or golden_backend)(self)
+        if check and outcome.fault != isa.Fault.NONE:
+            raise KernelRunError(
+                f"{self.name}: the run ended with {isa.Fault(outcome.fault).name} on engine "
+                f"{outcome.engine!r} at pc={outcome.pc} (dma_error_code="
+                f"{outcome.dma_error_code})", outcome)
+        return self.read_outputs(outcome.hbm), outcome
+
+    def save(self, path):
+        """Write ``<path>.npz`` (the HBM image) and ``<path>.json`` (everything else);
+        a ``.npz`` or ``.json`` suffix of ``path`` is dropped. Returns the base path."""
+        base = Path(path)
+        if base.suffix in (".npz", ".json"):
+            base = base.with_suffix("")
+        np.savez_compressed(base.with_suffix(".npz"), hbm=self.hbm)
+        meta = {
+            "name": self.name, "config": self.config.to_dict(),
+            "programs": list(self.programs),
+            "inputs": {k: [a, list(s), d] for k, (a, s, d) in self.inputs.items()},
+            "outputs": {k: [a, list(s), d] for k, (a, s, d) in self.outputs.items()},
+            "instruction_counts": self.instruction_counts, "macs": self.macs,
+            "opcode_counts": self.opcode_counts,
+        }
+        base.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+        return base
+
+    @classmethod
+    def load(cls, path):
+        """The :class:`Program` saved at ``path`` (see :meth:`save`)."""
+        base = Path(path)
+        if base.suffix in (".npz", ".json"):
+            base = base.with_suffix("")
+        meta = json.loads(base.with_suffix(".json").read_text())
+        with np.load(base.with_suffix(".npz")) as data:
+            hbm = data["hbm"]
+
+        def tensors(table):
+            return {k: (a, tuple(s), d) for k, (a, s, d) in table.items()}
+
+        return cls(config=Config.from_dict(meta["config"]), hbm=hbm,
+                   programs=tuple(meta["programs"]), inputs=tensors(meta["inputs"]),
+                   outputs=tensors(meta["outputs"]),
+                   instruction_counts=meta["instruction_counts"], macs=meta["macs"],
+                   name=meta["name"], opcode_counts=meta.get("opcode_counts", {}))
+
+
+@dataclass(frozen=True)
+class _HbmAddr:
+    """An HBM address field resolved at build time: ``tensor`` start + ``offset``."""
+    tensor: int
+    offset: int
+
+
+# -- the builder -------------------------------------------------------------------------------
+
+
+class Kernel:
+    """Builds one kernel for ``config``; see the module documentation."""
+
+    def __init__(self, config: Config, name: str = "kernel"):
+        if not isinstance(config, Config):
+            _fail("config", config, "must be an opentrn.config.Config")
+        if config.semaphores < len(isa.Engine):
+            _fail("config.semaphores", config.semaphores,
+                  f"must be at least {len(isa.Engine)}: one per engine")
+        if config.dtype != "int8":
+            _fail("config.dtype", config.dtype, "the kernel API covers the int8 path")
+        if config.pe_cols > config.sbuf_partitions:
+            _fail("config.pe_cols", config.pe_cols,
+                  f"must be at most sbuf_partitions={config.sbuf_partitions} (one "
+                  "activation lane per SBUF partition)")
+        self.config = config
+        self.name = str(name)
+        self.tensors: list[Tensor] = []
+        self._names = set()
+        self._streams = [[] for _ in isa.Engine]   # (opcode, fields) per instruction
+        self._know = [[] for _ in isa.Engine]      # knowledge vector at each instruction
+        self._known = [[0] * len(isa.Engine) for _ in isa.Engine]
+        self._tracker = _Tracker()
+        self._sbuf_live = {}      # tile index -> (b0, b1)
+        self._psum_live = {}      # tile index -> (bank, e0, e1)
+        self._next_tile = 0
+        self._sbuf_align = max(4, config.dma_bus_bytes)
+        self._stationary = None   # rows of the latest LOAD_STATIONARY, None before any
+        self._load_pending = False
+        self.macs = 0
+        self._built = False
+
+    # -- tensors and tiles --------------------------------------------------------------------
+
+    def _new_name(self, name):
+        if not isinstance(name, str) or not name:
+            _fail("name", name, "must be a non-empty string")
+        if name in self._names:
+            _fail("name", name, "already names a tensor of this kernel")
+        self._names.add(name)
+        return name
+
+    def _new_tensor(self, name, shape, dtype, kind, data=None):
+        tensor = Tensor(len(self.tensors), name, shape, dtype, kind, data)
+        self.tensors.append(tensor)
+        self._tracker.new_key(("hbm", tensor.index), (0, tensor.nbytes))
+        return tensor
+
+    def input(self, name: str, array) -> Tensor:
+        """An input tensor in HBM holding ``array`` (2-D, int8 or int32)."""
+        array = np.asarray(array)
+        if array.ndim != 2 or 0 in array.shape:
+            _fail(f"{name}.shape", array.shape, "must be 2-D and non-empty")
+        if array.dtype not in _DTYPES:
+            _fail(f"{name}.dtype", str(array.dtype), "must be int8 or int32")
+        name = self._new_name(name)
+        return self._new_tensor(name, tuple(array.shape), array.dtype, "input", array.copy())
+
+    def output(self, name: str, shape, dtype) -> Tensor:
+        """An output tensor in HBM of ``shape`` (2-D) and ``dtype`` (int8 or int32)."""
+        try:
+            shape = tuple(int(s) for s in shape)
+        except TypeError:
+            _fail(f"{name}.shape", shape, "must be a pair of positive integers")
+        if len(shape) != 2 or min(shape) < 1:
+            _fail(f"{name}.shape", shape, "must be a pair of positive integers")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            _fail(f"{name}.dtype", dtype, "must be int8 or int32")
+        if dtype not in _DTYPES:
+            _fail(f"{name}.dtype", str(dtype), "must be int8 or int32")
+        name = self._new_name(name)
+        return self._new_tensor(name, shape, dtype, "output")
+
+    def sbuf(self, partitions: int, nbytes: int) -> SbufTile:
+        """A tile of ``partitions`` partitions (from 0) x ``nbytes`` bytes, at the lowest
+        free byte offset (aligned to ``max(4, dma_bus_bytes)``)."""
+        cfg = self.config
+        partitions = _int("partitions", partitions, 1, cfg.sbuf_partitions)
+        size = cfg.sbuf_bytes_per_partition
+        nbytes = _int("nbytes", nbytes, 1, size)
+        start = self._find_space(sorted(self._sbuf_live.values()), nbytes, size,
+                                 self._sbuf_align)
+        if start is None:
+            used = sum(b1 - b0 for b0, b1 in self._sbuf_live.values())
+            _fail("nbytes", nbytes, f"no free SBUF range that large ({used} of {size} bytes "
+                  f"per partition are in use by {len(self._sbuf_live)} tiles; free some)")
+        tile = SbufTile(self._take_index(), partitions, start, nbytes)
+        self._sbuf_live[tile.index] = (start, start + nbytes)
+        self._tracker.new_key(("sbuf", tile.index), (start, start + nbytes))
+        return tile
+
+    def psum(self, entries: int, *, bank: int | None = None) -> PsumTile:
+        """A tile of ``entries`` accumulators in one PSUM bank (the first with room, or
+        ``bank``), in every PSUM partition."""
+        cfg = self.config
+        entries = _int("entries", entries, 1, cfg.psum_bank_entries)
+        banks = range(cfg.psum_banks) if bank is None else [
+            _int("bank", bank, 0, cfg.psum_banks - 1)]
+        for b in banks:
+            taken = sorted((e0, e1) for bb, e0, e1 in self._psum_live.values() if bb == b)
+            start = self._find_space(taken, entries, cfg.psum_bank_entries, 1)
+            if start is not None:
+                tile = PsumTile(self._take_index(), b, start, entries, cfg.pe_cols,
+                                cfg.psum_bank_entries)
+                self._psum_live[tile.index] = (b, start, start + entries)
+                self._tracker.new_key(("psum", tile.index), self._psum_span(tile))
+                return tile
+        _fail("entries", entries, f"no free range that large in PSUM bank(s) "
+              f"{list(banks)} ({cfg.psum_bank_entries} entries per bank; free some)")
+
+    @staticmethod
+    def _psum_span(tile):
+        return (tile.base, tile.base + 4 * tile.entries)
+
+    def _take_index(self):
+        self._next_tile += 1
+        return self._next_tile
+
+    @staticmethod
+    def _find_space(taken, size, limit, alignment):
+        position = 0
+        for b0, b1 in taken:
+            if position + size <= b0:
+                return position
+            position = max(position, _align(b1, alignment))
+        return position if position + size <= limit else None
+
+    def free(self, tile: SbufTile | PsumTile):
+        """Return ``tile``'s space. Later tiles that reuse it are ordered after every
+        instruction that used it (the accesses carry over)."""
+        if isinstance(tile, SbufTile) and tile.index in self._sbuf_live:
+            span = self._sbuf_live.pop(tile.index)
+            self._tracker.retire(("sbuf", tile.index), span)
+        elif isinstance(tile, PsumTile) and tile.index in self._psum_live:
+            del self._psum_live[tile.index]
+            self._tracker.retire(("psum", tile.index), self._psum_span(tile))
+        else:
+            _fail("tile", tile, "must be a live SBUF or PSUM tile of this kernel")
+
+    def _check_live(self, name, view):
+        base = view.base
+        if isinstance(base, Tensor):
+            if base.index >= len(self.tensors) or self.tensors[base.index] is not base:
+                _fail(name, view, "is a tensor of another kernel")
+        elif isinstance(base, SbufTile):
+            if self._sbuf_live.get(base.index) != (base.offset, base.offset + base.nbytes):
+                _fail(name, view, "is a view of a freed tile or one of another kernel")
+        elif self._psum_live.get(base.index) != (base.bank, base.entry,
+                                                  base.entry + base.entries):
+            _fail(name, view, "is a view of a freed tile or one of another kernel")
+
+    # -- regions ----------------------------------------------------------------------------
+
+    def _key(self, base):
+        return ("hbm" if isinstance(base, Tensor) else base.space, base.index)
+
+    def _rect(self, view, all_rows=None):
+        """The region of ``view``; ``all_rows`` replaces its rows (lanes an engine touches
+        beyond the view)."""
+        base = view.base
+        r0, r1 = (view.r0, view.r1) if all_rows is None else all_rows
+        if isinstance(base, Tensor):
+            b0 = view.c0 * base.itemsize
+            return (r0, r1, b0, b0 + view.row_bytes)
+        start = base.offset if isinstance(base, SbufTile) else base.base
+        b0 = start + view.c0 * view.unit_bytes
+        return (r0, r1, b0, b0 + view.row_bytes)
+
+    # -- emission ---------------------------------------------------------------------------
+
+    def _emit(self, engine, opcode, fields, accesses):
+        if self._built:
+            raise KernelError(f"kernel {self.name!r}: already built; start a new Kernel")
+        need = self._tracker.needs(engine, accesses)
+        known = list(self._known[engine])
+        waits = []
+        while True:
+            need = {f: v for f, v in need.items() if v > known[f]}
+            if not need:
+                break
+            # Take first the wait that implies the most others (through what it knows).
+            f, v = max(need.items(), key=lambda item: (self._implied(item, need), -item[0]))
+            waits.append((f, v))
+            self._learn(known, f, v)
+        # Each NOP, then the instruction, knows what the waits up to its own imply.
+        for f, v in waits[:-1]:
+            self._learn(self._known[engine], f, v)
+            self._append(engine, isa.Opcode.NOP, {"wait_sem": int(f), "wait_value": v})
+        if waits:
+            f, v = waits[-1]
+            self._learn(self._known[engine], f, v)
+            fields = {**fields, "wait_sem": int(f), "wait_value": v}
+        idx = self._append(engine, opcode, fields)
+        self._tracker.add(engine, idx, accesses)
+        return idx
+
+    def _implied(self, wait, need):
+        f, v = wait
+        vec = self._know[f][v - 1]
+        return sum(1 for g, w in need.items() if g != f and vec[g] >= w)
+
+    def _learn(self, known, f, v):
+        """A stream with knowledge vector ``known`` waits for ``sem[f] >= v``: it now knows
+        what instruction ``v - 1`` of ``f`` knew when it started, and that it completed."""
+        vec = self._know[f][v - 1]
+        for g in isa.Engine:
+            known[g] = max(known[g], vec[g])
+        known[f] = max(known[f], v)
+
+    def _append(self, engine, opcode, fields):
+        stream = self._streams[engine]
+        idx = len(stream)
+        if idx + 1 > _SEM_MAX:
+            raise KernelError(f"kernel {self.name!r}: more than {_SEM_MAX} instructions on "
+                              f"the {ENGINE_NAMES[engine]} stream (32-bit semaphores)")
+        stream.append((opcode, {**fields, "signal_sem": int(engine)}))
+        self._know[engine].append(tuple(self._known[engine]))
+        return idx
+
+    # -- DMA --------------------------------------------------------------------------------
+
+    def dma(self, dst, src):
+        """Copy view ``src`` to view ``dst`` (any of tensor, SBUF, PSUM views, of the same
+        rows and row bytes). Rows of a tensor map to partitions of a tile in order."""
+        dst = _as_view("dst", dst, (Tensor, SbufTile, PsumTile))
+        src = _as_view("src", src, (Tensor, SbufTile, PsumTile))
+        if dst.rows != src.rows:
+            _fail("dst rows", dst.rows, f"must equal the src rows ({src.rows})")
+        if dst.row_bytes != src.row_bytes:
+            _fail("dst row bytes", dst.row_bytes, f"must equal the src row bytes "
+                  f"({src.row_bytes}: {src.cols} x {src.unit_bytes} bytes)")
+        sides = []
+        for view in (src, dst):
+            base = view.base
+            if isinstance(base, Tensor):
+                pattern = Pattern(base, offset=view.r0 * base.row_bytes + view.c0 *
+                                  base.itemsize, stride1=base.row_bytes)
+            else:
+                pattern = Pattern(base, offset=view.c0 * view.unit_bytes,
+                                  partition=view.r0, pstep1=1)
+            sides.append(pattern)
+        row = src.row_bytes
+        # Whole int32 elements where either side has them, larger ones if n0 needs it.
+        elem = 4 if row % 4 == 0 and 4 in (src.unit_bytes, dst.unit_bytes) else 1
+        while row // elem > _SIZE_MAX and elem < 8 and row % (2 * elem) == 0:
+            elem *= 2
+        if row // elem > _SIZE_MAX:
+            _fail("src row bytes", row, f"must be at most {_SIZE_MAX} elements of up to 8 "
+                  "bytes (the DMA's n0); split the transfer")
+        self.dma_pattern(sides[1], sides[0], n0=row // elem, n1=src.rows, elem_bytes=elem)
+
+    def dma_pattern(self, dst: Pattern, src: Pattern, *, n0: int, n1: int = 1, n2: int = 1,
+                    elem_bytes: int = 1):
+        """One general DMA descriptor: ``n2 x n1`` rows of ``n0 * elem_bytes`` bytes from
+        ``src`` to ``dst`` (:class:`Pattern`), as docs/isa.md's ``DMA``."""
+        n0 = _int("n0", n0, 1, _SIZE_MAX)
+        n1 = _int("n1", n1, 1, _SIZE_MAX)
+        n2 = _int("n2", n2, 1, _SIZE_MAX)
+        if elem_bytes not in (1, 2, 4, 8):
+            _fail("elem_bytes", elem_bytes, "must be 1, 2, 4 or 8")
+        row = n0 * elem_bytes
+        fields = {"elem_log2": elem_bytes.bit_length() - 1, "n0": n0, "n1": n1, "n2": n2}
+        accesses, extents = [], []
+        for prefix, pattern in (("src", src), ("dst", dst)):
+            if not isinstance(pattern, Pattern):
+                _fail(prefix, pattern, "must be a Pattern")
+            base = pattern.base
+            self._check_live(prefix, View(base, 0, 1, 0, 1))
+            for name in ("offset", "stride1", "stride2", "partition", "pstep1", "pstep2"):
+                _int(f"{prefix}.{name}", getattr(pattern, name), 0)
+            last_byte = (pattern.offset + row - 1 + (n1 - 1) * pattern.stride1
+                         + (n2 - 1) * pattern.stride2)
+            last_part = (pattern.partition + (n1 - 1) * pattern.pstep1
+                         + (n2 - 1) * pattern.pstep2)
+            space = {Tensor: 0, SbufTile: 1, PsumTile: 2}[type(base)]
+            size = base.nbytes
+            if last_byte >= size:
+                _fail(f"{prefix} pattern", pattern, f"reaches byte {last_byte} of "
+                      f"{_describe(base)}, which has {size}")
+            if space == 0:
+                if pattern.partition or pattern.pstep1 or pattern.pstep2:
+                    _fail(f"{prefix}.partition", pattern.partition,
+                          "an HBM side has no partitions: partition, pstep1, pstep2 must be 0")
+                rect = self._hbm_rect(base, pattern, row, n1, n2)
+                start = _HbmAddr(base.index, pattern.offset)
+                extent = (space, base.index, pattern.offset, last_byte, (0, 0))
+            else:
+                if last_part >= base.partitions:
+                    _fail(f"{prefix} pattern", pattern, f"reaches partition {last_part} of "
+                          f"{_describe(base)}, which has {base.partitions}")
+                for name in ("partition", "pstep1", "pstep2"):
+                    _int(f"{prefix}.{name}", getattr(pattern, name), 0, _PART_MAX)
+                origin = base.offset if space == 1 else base.base
+                start = origin + pattern.offset
+                rect = (pattern.partition, last_part + 1, start, origin + last_byte + 1)
+                extent = (space, None, start, origin + last_byte,
+                          (pattern.partition, last_part))
+            extents.append(extent)
+            fields.update({f"{prefix}_space": space, f"{prefix}_addr": start,
+                           f"{prefix}_stride1": pattern.stride1,
+                           f"{prefix}_stride2": pattern.stride2,
+                           f"{prefix}_partition": pattern.partition,
+                           f"{prefix}_pstep1": pattern.pstep1,
+                           f"{prefix}_pstep2": pattern.pstep2})
+            accesses.append((self._key(base), prefix == "dst", rect))
+        (s_space, s_tensor, s_first, s_last, s_parts), \
+            (d_space, d_tensor, d_first, d_last, d_parts) = extents
+        if s_space == d_space and s_tensor == d_tensor:
+            # The DMA refuses source and destination sharing bytes (and, in a buffer,
+            # partitions): OVERLAP. Its test compares the extents, as here.
+            bytes_meet = s_first <= d_last and d_first <= s_last
+            parts_meet = s_parts[0] <= d_parts[1] and d_parts[0] <= s_parts[1]
+            if bytes_meet and parts_meet:
+                _fail("dst", dst, "shares bytes with src: the DMA refuses overlapping "
+                      "transfers")
+        self._emit(_DMA, isa.Opcode.DMA, fields, accesses)
+
+    @staticmethod
+    def _hbm_rect(tensor, pattern, row, n1, n2):
+        """The rows x row-bytes bounding rectangle of a pattern over ``tensor``."""
+        rb = tensor.row_bytes
+        if n1 * n2 > 1 << 20:
+            return (0, tensor.shape[0], 0, rb)
+        starts = (pattern.offset + np.arange(n1, dtype=np.int64)[None, :] * pattern.stride1
+                  + np.arange(n2, dtype=np.int64)[:, None] * pattern.stride2).ravel()
+        first_rows, last_rows = starts // rb, (starts + row - 1) // rb
+        r0, r1 = int(first_rows.min()), int(last_rows.max()) + 1
+        if np.any(first_rows != last_rows):
+            return (r0, r1, 0, rb)
+        cols = starts % rb
+        return (r0, r1, int(cols.min()), int(cols.max()) + row)
+
+    # -- tensor engine ----------------------------------------------------------------------
+
+    def load_stationary(self, view):
+        """Load the stationary tile ``S[k, m] = view[k, m]``: rows are partitions
+        ``0 .. rows-1`` (at most ``pe_rows``), columns bytes (at most ``pe_cols``)."""
+        cfg = self.config
+        view = _as_view("view", view, (SbufTile,))
+        self._check_live("view", view)
+        if view.r0 != 0:
+            _fail("view rows", (view.r0, view.r1), "must start at partition 0 (the stationary "
+                  "tile's row k is partition k)")
+        if view.rows > cfg.pe_rows:
+            _fail("view rows", view.rows, f"must be at most pe_rows={cfg.pe_rows}")
+        if view.cols > cfg.pe_cols:
+            _fail("view columns", view.cols, f"must be at most pe_cols={cfg.pe_cols}")
+        if self._load_pending:
+            raise KernelError("load_stationary: the previous stationary tile has not been "
+                              "used by a matmul yet (the two weight banks require one)")
+        fields = {"sbuf_offset": view.base.offset + view.c0, "rows": view.rows,
+                  "cols": view.cols}
+        self._emit(_TENSOR, isa.Opcode.LOAD_STATIONARY, fields,
+                   [(self._key(view.base), False, self._rect(view))])
+        self._stationary = (view.rows, view.cols)
+        self._load_pending = True
+
+    def matmul(self, psum, moving, *, accumulate: bool = False):
+        """``psum[m, j] (+)= sum_k S[k, m] * moving[k, j]`` with ``S`` the latest stationary
+        tile: ``moving`` has that tile's rows (partitions from 0) and ``n <= moving_max``
+        columns; ``psum`` (from partition 0) has ``n`` entries. Every PSUM partition is
+        written (those past the tile's columns get 0)."""
+        cfg = self.config
+        psum = _as_view("psum", psum, (PsumTile,))
+        moving = _as_view("moving", moving, (SbufTile,))
+        self._check_live("psum", psum)
+        self._check_live("moving", moving)
+        if self._stationary is None:
+            raise KernelError("matmul: no load_stationary before it")
+        rows, cols = self._stationary
+        if moving.r0 != 0 or moving.rows != rows:
+            _fail("moving rows", (moving.r0, moving.r1), f"must be partitions 0..{rows - 1}, "
+                  f"the rows of the stationary tile")
+        n = moving.cols
+        if n > cfg.moving_max:
+            _fail("moving columns", n, f"must be at most moving_max={cfg.moving_max}")
+        if psum.r0 != 0:
+            _fail("psum rows", (psum.r0, psum.r1), "must start at partition 0")
+        if psum.cols != n:
+            _fail("psum entries", psum.cols, f"must equal the moving columns ({n})")
+        if not isinstance(accumulate, bool | np.bool_):
+            _fail("accumulate", accumulate, "must be a bool")
+        fields = {"sbuf_offset": moving.base.offset + moving.c0, "n": n,
+                  "psum_bank": psum.base.bank, "psum_entry": psum.base.entry + psum.c0,
+                  "accumulate": int(accumulate)}
+        self._emit(_TENSOR, isa.Opcode.MATMUL, fields, [
+            (self._key(moving.base), False, self._rect(moving)),
+            (self._key(psum.base), True, self._rect(psum, (0, cfg.pe_cols)))])
+        self._load_pending = False
+        self.macs += rows * cols * n
+
+    # -- activation engine ------------------------------------------------------------------
+
+    def activation(self, dst, src, *, function: str = "identity", multiplier: int = 1,
+                   shift: int = 0, bias=None, out: str = "int8"):
+        """``dst[p, j] = saturate(f(round_half_even((src[p, j] * multiplier + bias[p]) /
+        2**shift)))`` for every lane ``p < pe_cols`` (views from partition 0): ``src`` a
+        PSUM view (accumulators) or an SBUF view (int8 bytes), ``bias`` an SBUF view of one
+        int32 (4 bytes) per partition, ``out`` ``"int8"`` or ``"int32"`` (``dst`` has ``n``
+        or ``4 n`` bytes)."""
+        cfg = self.config
+        dst = _as_view("dst", dst, (SbufTile,))
+        src = _as_view("src", src, (SbufTile, PsumTile))
+        self._check_live("dst", dst)
+        self._check_live("src", src)
+        if function not in FUNCTIONS:
+            _fail("function", function, f"must be one of {', '.join(FUNCTIONS)}")
+        if out not in ("int8", "int32"):
+            _fail("out", out, "must be 'int8' or 'int32'")
+        multiplier = _int("multiplier", multiplier, -(1 << 31), (1 << 31) - 1)
+        shift = _int("shift", shift, 0, 63)
+        lanes = (0, cfg.pe_cols)
+        for name, view in (("dst", dst), ("src", src)):
+            if view.r0 != 0:
+                _fail(f"{name} rows", (view.r0, view.r1), "must start at partition 0 (lane p "
+                      f"is partition p; all {cfg.pe_cols} lanes are computed)")
+        n = src.cols
+        if n > cfg.moving_max:
+            _fail("src columns", n, f"must be at most moving_max={cfg.moving_max}")
+        size = 4 if out == "int32" else 1
+        if dst.cols != n * size:
+            _fail("dst bytes", dst.cols, f"must be {n * size}: {n} results of {size} bytes")
+        dst_offset = dst.base.offset + dst.c0
+        if size == 4 and dst_offset % 4:
+            _fail("dst offset", dst_offset, "must be a multiple of 4 for int32 results")
+        fields = {"function": FUNCTIONS[function], "out_int32": int(size == 4),
+                  "shift": shift, "n": n, "multiplier": multiplier, "dst_offset": dst_offset}
+        accesses = [(self._key(dst.base), True, self._rect(dst, lanes))]
+        if isinstance(src.base, PsumTile):
+            fields.update(src=0, psum_bank=src.base.bank, psum_entry=src.base.entry + src.c0)
+        else:
+            src_offset = src.base.offset + src.c0
+            disjoint = src_offset + n <= dst_offset or dst_offset + n * size <= src_offset
+            if not (disjoint or (src_offset == dst_offset and size == 1)):
+                _fail("dst", dst, "must not overlap src unless it is the same bytes with "
+                      "int8 results")
+            fields.update(src=1, src_offset=src_offset)
+        accesses.append((self._key(src.base), False, self._rect(src, lanes)))
+        if bias is not None:
+            bias = _as_view("bias", bias, (SbufTile,))
+            self._check_live("bias", bias)
+            if bias.r0 != 0 or bias.cols != 4:
+                _fail("bias", bias, "must be 4 bytes (one int32) per partition, from "
+                      "partition 0")
+            bias_offset = bias.base.offset + bias.c0
+            if bias_offset % 4:
+                _fail("bias offset", bias_offset, "must be a multiple of 4")
+            fields.update(bias=1, bias_offset=bias_offset)
+            accesses.append((self._key(bias.base), False, self._rect(bias, lanes)))
+        self._emit(_ACT, isa.Opcode.ACTIVATE, fields, accesses)
+
+    # -- build ------------------------------------------------------------------------------
+
+    def build(self) -> Program:
+        """The :class:`Program`: every stream ended by ``END``, laid out in one image."""
+        if self._built:
+            raise KernelError(f"kernel {self.name!r}: already built")
+        if not any(t.kind == "output" for t in self.tensors):
+            raise KernelError(f"kernel {self.name!r}: has no output tensor")
+        self._built = True
+        cfg = self.config
+        streams = [s + [(isa.Opcode.END, {})] for s in self._streams]
+        programs, position = [], 0
+        for stream in streams:
+            position = _align(position, PROGRAM_ALIGN)
+            programs.append(position)
+            position += sum(isa.instruction_bytes(op) for op, _ in stream)
+        addrs = []
+        for tensor in self.tensors:
+            position = _align(position, TENSOR_ALIGN)
+            addrs.append(position)
+            position += tensor.nbytes
+        total = _align(position, PROGRAM_ALIGN)
+        if total > cfg.hbm_bytes:
+            raise KernelError(f"kernel {self.name!r}: the image needs {total} bytes, more than "
+                              f"hbm_bytes={cfg.hbm_bytes}")
+        hbm = np.zeros(total, np.uint8)
+        for start, stream in zip(programs, streams, strict=True):
+            words = []
+            for opcode, fields in stream:
+                values = {k: (addrs[v.tensor] + v.offset if isinstance(v, _HbmAddr) else v)
+                          for k, v in fields.items()}
+                words.append(isa.encode(opcode, **values))
+            code = b"".join(words)
+            hbm[start:start + len(code)] = np.frombuffer(code, np.uint8)
+        inputs, outputs = {}, {}
+        for tensor, addr in zip(self.tensors, addrs, strict=True):
+            if tensor.kind == "input":
+                data = tensor.data.astype(tensor.dtype.newbyteorder("<")).tobytes()
+                hbm[addr:addr + tensor.nbytes] = np.frombuffer(data, np.uint8)
+                inputs[tensor.name] = (addr, tensor.shape, tensor.dtype.name)
+            else:
+                hbm[addr:addr + tensor.nbytes] = OUTPUT_FILL
+                outputs[tensor.name] = (addr, tensor.shape, tensor.dtype.name)
+        counts = {name: len(s) for name, s in zip(ENGINE_NAMES, streams, strict=True)}
+        opcode_counts = {}
+        for name, stream in zip(ENGINE_NAMES, streams, strict=True):
+            per = {}
+            for op, _ in stream:
+                per[op.name] = per.get(op.name, 0) + 1
+            opcode_counts[name] = per
+        return Program(config=cfg, hbm=hbm, programs=tuple(programs), inputs=inputs,
+                       outputs=outputs, instruction_counts=counts, macs=self.macs,
+                       name=self.name, opcode_counts=opcode_counts)

@@ -1,0 +1,557 @@
+"""The kernel API (opentrn.kernel) and the library kernels (opentrn.kernels): results
+against numpy and the golden machine, bit for bit; semaphore waits checked by a race checker
+that runs the streams in random interleavings; argument errors; build time."""
+
+import re
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opentrn import config, isa, kernels
+from opentrn.golden.core import Core
+from opentrn.kernel import Kernel, KernelError, Pattern, Program
+
+TINY = config.preset("tiny")
+SMALL = config.preset("small")
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "kernels.md"
+
+
+def _int8(rng, *shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+def _check_golden(program, expected):
+    outputs, outcome = program.run()
+    assert outcome.fault == isa.Fault.NONE
+    assert outcome.counters["macs"] == program.macs
+    assert set(outputs) == set(expected)
+    for name, value in expected.items():
+        assert outputs[name].dtype == value.dtype and outputs[name].shape == value.shape
+        assert np.array_equal(outputs[name], value), name
+    return outputs, outcome
+
+
+# -- race checker --------------------------------------------------------------------------------
+
+
+class RaceChecker:
+    """An independent machine of docs/isa.md that runs the three streams of a program in one
+    random interleaving honouring only the waits and the documented order guarantees:
+
+    * an instruction *starts* (reads its inputs) once its wait holds and the instructions
+      before it on its stream have started; the DMA engine starts a descriptor only after
+      the previous one completed; the tensor and activation engines may have up to ``depth``
+      instructions started and not completed (their pipelines);
+    * it *completes* (writes its results, then signals) in program order.
+
+    Between a start and its completion any other engine may run, so a missing wait shows
+    as a read of a stale or a too-new value: outputs that change with the seed."""
+
+    def __init__(self, program, seed, depth=6):
+        self.cfg = cfg = program.config
+        self.program = program
+        self.rng = np.random.default_rng(seed)
+        self.depth = depth
+        self.hbm = program.hbm.copy()
+        self.sbuf = np.zeros((cfg.sbuf_partitions, cfg.sbuf_bytes_per_partition), np.uint8)
+        self.psum = np.zeros((cfg.pe_cols, cfg.psum_banks * cfg.psum_bank_entries * 4),
+                             np.uint8)
+        self.streams = [self._decode(start) for start in program.programs]
+        self.sem = [0] * cfg.semaphores
+        self.stationary = None
+        # Each event kind of each engine gets a random weight: engines race ahead or lag.
+        self.weights = self.rng.uniform(0.02, 1.0, size=(3, 2))
+
+    def _decode(self, pc):
+        stream = []
+        while True:
+            opcode, fields = isa.decode(self.program.hbm, pc)
+            stream.append((opcode, fields))
+            pc += isa.instruction_bytes(opcode)
+            if opcode == isa.Opcode.END:
+                return stream
+
+    # -- memories --
+
+    def _buffer(self, space):
+        return {1: self.sbuf, 2: self.psum}[space]
+
+    def _rows(self, f, side):
+        row = f["n0"] << f["elem_log2"]
+        for i2 in range(f["n2"]):
+            for i1 in range(f["n1"]):
+                yield (f[f"{side}_partition"] + i1 * f[f"{side}_pstep1"]
+                       + i2 * f[f"{side}_pstep2"],
+                       f[f"{side}_addr"] + i1 * f[f"{side}_stride1"]
+                       + i2 * f[f"{side}_stride2"], row)
+
+    def _dma(self, f):
+        chunks = []
+        for part, addr, row in self._rows(f, "src"):
+            mem = self.hbm[addr:addr + row] if f["src_space"] == 0 else \
+                self._buffer(f["src_space"])[part, addr:addr + row]
+            assert len(mem) == row, "DMA source out of range"
+            chunks.append(mem.copy())
+
+        def write():
+            for (part, addr, row), chunk in zip(self._rows(f, "dst"), chunks, strict=True):
+                if f["dst_space"] == 0:
+                    assert addr + row <= len(self.hbm)
+                    self.hbm[addr:addr + row] = chunk
+                else:
+                    self._buffer(f["dst_space"])[part, addr:addr + row] = chunk
+        return write
+
+    def _psum_entries(self, bank, entry, n):
+        start = (bank * self.cfg.psum_bank_entries + entry) * 4
+        return start, start + 4 * n
+
+    def _matmul(self, f):
+        cfg = self.cfg
+        n, offset = f["n"], f["sbuf_offset"]
+        moving = self.sbuf[:cfg.pe_rows, offset:offset + n].view(np.int8).astype(np.int64)
+        out = self.stationary.T @ moving
+        b0, b1 = self._psum_entries(f["psum_bank"], f["psum_entry"], n)
+
+        def write():
+            if f["accumulate"]:
+                total = out + self.psum[:, b0:b1].copy().view("<i4").astype(np.int64)
+            else:
+                total = out
+            bits = cfg.acc_bits
+            total = ((total + (1 << (bits - 1))) % (1 << bits)) - (1 << (bits - 1))
+            self.psum[:, b0:b1] = total.astype("<i4").view(np.uint8)
+        return write
+
+    def _activate(self, f):
+        lanes, n = self.cfg.pe_cols, f["n"]
+        if f["src"]:
+            x = self.sbuf[:lanes, f["src_offset"]:f["src_offset"] + n].view(np.int8)
+        else:
+            b0, b1 = self._psum_entries(f["psum_bank"], f["psum_entry"], n)
+            x = self.psum[:lanes, b0:b1].copy().view("<i4")
+        bias = (self.sbuf[:lanes, f["bias_offset"]:f["bias_offset"] + 4].copy().view("<i4")
+                .ravel() if f["bias"] else None)
+        y = kernels.reference_activation(
+            x, multiplier=f["multiplier"], shift=f["shift"], bias=bias,
+            relu=f["function"] == 1, out="int32" if f["out_int32"] else "int8")
+        data = (y.astype("<i4") if f["out_int32"] else y.astype(np.int8)).view(np.uint8)
+        offset = f["dst_offset"]
+
+        def write():
+            self.sbuf[:lanes, offset:offset + data.shape[1]] = data
+        return write
+
+    def _start(self, opcode, f):
+        cfg = self.cfg
+        if opcode == isa.Opcode.DMA:
+            return self._dma(f)
+        if opcode == isa.Opcode.LOAD_STATIONARY:
+            tile = np.zeros((cfg.pe_rows, cfg.pe_cols), np.int64)
+            rows, cols, offset = f["rows"], f["cols"], f["sbuf_offset"]
+            tile[:rows, :cols] = self.sbuf[:rows, offset:offset + cols].view(np.int8)
+            self.stationary = tile
+        elif opcode == isa.Opcode.MATMUL:
+            return self._matmul(f)
+        elif opcode == isa.Opcode.ACTIVATE:
+            return self._activate(f)
+        return lambda: None
+
+    # -- the interleaving --
+
+    def run(self):
+        pcs = [0, 0, 0]
+        pending = [deque() for _ in range(3)]
+        done = [False] * 3
+        while not all(done):
+            events = []
+            for e in range(3):
+                if done[e]:
+                    continue
+                opcode, f = self.streams[e][pcs[e]]
+                if opcode == isa.Opcode.END:
+                    if not pending[e]:
+                        events.append((e, "end"))
+                else:
+                    limit = 1 if e == isa.Engine.DMA else self.depth
+                    ready = not f["wait"] or self.sem[f["wait_sem"]] >= f["wait_value"]
+                    if ready and len(pending[e]) < limit and not (
+                            e == isa.Engine.DMA and pending[e]):
+                        events.append((e, "start"))
+                if pending[e]:
+                    events.append((e, "complete"))
+            assert events, f"deadlock at pcs {pcs}, semaphores {self.sem}"
+            weights = np.array([1.0 if kind == "end" else
+                                self.weights[e, int(kind == "complete")] for e, kind in events])
+            e, kind = events[self.rng.choice(len(events), p=weights / weights.sum())]
+            if kind == "end":
+                done[e] = True
+            elif kind == "start":
+                opcode, f = self.streams[e][pcs[e]]
+                pending[e].append((f, self._start(opcode, f)))
+                pcs[e] += 1
+            else:
+                f, write = pending[e].popleft()
+                write()
+                if f["signal"]:
+                    self.sem[f["signal_sem"]] += 1
+        return self.program.read_outputs(self.hbm)
+
+
+def _race_free(program, expected, seeds=8):
+    for seed in range(seeds):
+        outputs = RaceChecker(program, seed).run()
+        for name, value in expected.items():
+            assert np.array_equal(outputs[name], value), f"seed {seed}: {name} differs"
+
+
+def _without_waits(program, engine):
+    """A copy of ``program`` with every wait of ``engine``'s stream removed."""
+    hbm = program.hbm.copy()
+    pc = program.programs[engine]
+    while True:
+        opcode, _ = isa.decode(hbm, pc)
+        hbm[pc + 1] &= 0xFE      # header bit 8: wait
+        pc += isa.instruction_bytes(opcode)
+        if opcode == isa.Opcode.END:
+            break
+    return Program(**{**program.__dict__, "hbm": hbm})
+
+
+# -- the builder on a hand-written kernel -------------------------------------------------------
+
+
+def _docs_example():
+    """The complete kernel of docs/kernels.md, executed as written there."""
+    text = DOCS.read_text()
+    match = re.search(r"<!-- example: start -->\s*```python\n(.*?)```\s*<!-- example: end -->",
+                      text, re.S)
+    assert match, "docs/kernels.md lost its example markers"
+    scope = {}
+    exec(compile(match.group(1), str(DOCS), "exec"), scope)
+    return scope
+
+
+def test_docs_example_runs_on_golden_and_is_race_free():
+    scope = _docs_example()
+    program, outputs, expected = scope["program"], scope["outputs"], scope["expected"]
+    assert np.array_equal(outputs["y"], expected)
+    _race_free(program, {"y": expected})
+
+
+def test_handwritten_matmul_and_wait_placement():
+    rng = np.random.default_rng(3)
+    a_t, b = _int8(rng, 4, 4), _int8(rng, 4, 8)
+    k = Kernel(TINY, "mm")
+    A, B = k.input("a_t", a_t), k.input("b", b)
+    C = k.output("c", (4, 8), np.int32)
+    ta, tb, to, p = k.sbuf(4, 4), k.sbuf(4, 8), k.sbuf(4, 32), k.psum(8)
+    k.dma(ta, A)
+    k.dma(tb, B)
+    k.load_stationary(ta)
+    k.matmul(p, tb)
+    k.activation(to, p, out="int32")
+    k.dma(C, to)
+    program = k.build()
+    expected = a_t.T.astype(np.int64) @ b.astype(np.int64)
+    _check_golden(program, {"c": expected.astype(np.int32)})
+    # The waits: the load after DMA #0, the matmul after DMA #1, the activation after the
+    # matmul (tensor #1), the store after the activation; nothing else, and no NOP.
+    streams = RaceChecker(program, 0).streams
+    waits = [[(f["wait_sem"], f["wait_value"]) if f["wait"] else None for _, f in s]
+             for s in streams]
+    assert waits == [[None, None, (2, 1), None], [(0, 1), (0, 2), None], [(1, 2), None]]
+    assert all(f["signal"] and f["signal_sem"] == e for e, s in enumerate(streams)
+               for op, f in s if op != isa.Opcode.END)
+    assert program.instruction_counts == {"dma": 4, "tensor": 3, "activation": 2}
+
+
+def test_two_engines_to_wait_for_use_a_nop():
+    """A DMA that overwrites bytes the tensor engine and, independently, the activation
+    engine read: two waits, one of them in a NOP before it. A free()d tile's reuse is
+    ordered after the instructions that used it."""
+    rng = np.random.default_rng(4)
+    a_t, b, x, w = _int8(rng, 4, 4), _int8(rng, 4, 4), _int8(rng, 4, 4), _int8(rng, 4, 8)
+    bias = rng.integers(-99, 99, (4, 1), dtype=np.int32)
+    k = Kernel(TINY, "nop")
+    A, B, X, W, BIAS = (k.input(n, v) for n, v in
+                        (("a_t", a_t), ("b", b), ("x", x), ("w", w), ("bias", bias)))
+    Y1, Y2, Z = (k.output(n, (4, 4), np.int8) for n in ("y1", "y2", "z"))
+    shared = k.sbuf(4, 8)        # bytes 0..3: the stationary tile; 4..7: the bias
+    tb, tx, o1, o2, p = k.sbuf(4, 4), k.sbuf(4, 4), k.sbuf(4, 4), k.sbuf(4, 4), k.psum(4)
+    k.dma(shared[:, 0:4], A)
+    k.dma(shared[:, 4:8], BIAS)
+    k.dma(tb, B)
+    k.dma(tx, X)
+    k.load_stationary(shared[:, 0:4])
+    k.matmul(p, tb)
+    k.activation(o1, tx, function="relu", shift=1, bias=shared[:, 4:8])
+    k.dma(shared, W)             # after the load (tensor) and the bias read (activation)
+    k.activation(o2, p, shift=3)
+    k.dma(Y1, o1)
+    k.dma(Y2, o2)
+    k.free(o1)
+    again = k.sbuf(4, 4)         # o1's bytes: written only after the DMA of Y1 read them
+    assert again.offset == o1.offset
+    k.activation(again, shared[:, 0:4])
+    k.dma(Z, again)
+    program = k.build()
+    acc = a_t.T.astype(np.int64) @ b.astype(np.int64)
+    expected = {
+        "y1": kernels.reference_activation(x, shift=1, bias=bias.ravel(), relu=True),
+        "y2": kernels.reference_activation(acc, shift=3), "z": w[:, 0:4]}
+    expected = {n: v.astype(np.int8) for n, v in expected.items()}
+    _check_golden(program, expected)
+    assert program.opcode_counts["dma"].get("NOP") == 1
+    _race_free(program, expected, seeds=12)
+
+
+# -- library kernels ------------------------------------------------------------------------------
+
+
+GEMM_SHAPES = [  # (M, K, N)
+    (1, 1, 1), (7, 13, 29), (4, 4, 4), (16, 16, 16),
+    (5, 7, 19), (9, 6, 35), (3, 17, 50),          # every dimension a non-multiple
+]
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_tiny(shape):
+    M, K, N = shape
+    rng = np.random.default_rng(M * 10000 + K * 100 + N)
+    a_t, b = _int8(rng, K, M), _int8(rng, K, N)
+    program, expected = kernels.gemm(TINY, a_t, b)
+    direct = (a_t.T.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    assert np.array_equal(expected["c"], direct)
+    _check_golden(program, expected)
+    assert program.macs == M * K * N
+    _race_free(program, expected, seeds=3)
+
+
+def test_gemm_several_sbuf_passes():
+    """K x (M + N) bytes far beyond the tiny SBUF (4 x 4 KiB): K is cut into parts, the
+    moving data fetched per M tile and part, PSUM accumulating across parts."""
+    M, K, N = 6, 600, 40
+    assert K * (M + N) > TINY.sbuf_partitions * TINY.sbuf_bytes_per_partition
+    rng = np.random.default_rng(5)
+    a_t, b = _int8(rng, K, M), _int8(rng, K, N)
+    program, expected = kernels.gemm(TINY, a_t, b)
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=2)
+
+
+OTHER_BUILDS = {
+    "small": SMALL,
+    "tiny-acc16": TINY.replace(acc_bits=16),
+    "tiny-1bank": TINY.replace(psum_banks=1),           # no PSUM double-buffering
+    "tiny-4x2": TINY.replace(pe_cols=2),                # M tiles narrower than K tiles
+    "tiny-n8": TINY.replace(moving_max=8, sbuf_bytes_per_partition=256),
+}
+
+
+@pytest.mark.parametrize("build", OTHER_BUILDS)
+def test_gemm_other_configs(build):
+    cfg = OTHER_BUILDS[build]
+    rng = np.random.default_rng(6)
+    a_t, b = _int8(rng, 21, 11), _int8(rng, 21, 70)
+    if build == "tiny-acc16":
+        a_t[:], b[:] = 127, 127          # 21 * 127 * 127 wraps in 16 bits
+    program, expected = kernels.gemm(cfg, a_t, b)
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=2)
+    if build == "tiny-acc16":
+        assert expected["c"][0, 0] == ((21 * 127 * 127 + 2**15) % 2**16) - 2**15
+    if build in ("tiny-4x2", "tiny-n8"):
+        rng = np.random.default_rng(7)
+        b1, b2 = (rng.integers(-3000, 3000, n, dtype=np.int32) for n in (9, 5))
+        program, expected = kernels.mlp(cfg, _int8(rng, 11, 19), _int8(rng, 11, 9), b1,
+                                        _int8(rng, 9, 5), b2, requant=((3, 8), (5, 7)))
+        _check_golden(program, expected)
+        _race_free(program, expected, seeds=2)
+
+
+def test_gemm_bias_relu():
+    rng = np.random.default_rng(7)
+    M, K, N = 7, 13, 21
+    a_t, b = _int8(rng, K, M), _int8(rng, K, N)
+    bias = rng.integers(-30000, 30000, M, dtype=np.int32)
+    program, expected = kernels.gemm_bias_relu(TINY, a_t, b, bias, multiplier=3, shift=9)
+    y = expected["y"]
+    acc = a_t.T.astype(np.int64) @ b.astype(np.int64)
+    # The definition, element by element in Python ints.
+    for m in range(M):
+        for n in range(N):
+            pre = int(acc[m, n]) * 3 + int(bias[m])
+            q, r = pre >> 9, pre - ((pre >> 9) << 9)
+            value = q + (r > 256 or (r == 256 and q % 2 == 1))
+            assert y[m, n] == min(max(value, 0), 127)
+    assert (y == 0).any() and (y == 127).any() and ((y > 0) & (y < 127)).any()
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=6)
+
+
+@pytest.mark.parametrize("out", ["int8", "int32"])
+def test_mlp(out):
+    """d_in and hidden larger than the 4x4 array, batch over two column blocks."""
+    rng = np.random.default_rng(8)
+    d_in, hidden, d_out, batch = 13, 10, 7, 37
+    x_t, w1, w2 = _int8(rng, d_in, batch), _int8(rng, d_in, hidden), _int8(rng, hidden, d_out)
+    b1 = rng.integers(-5000, 5000, hidden, dtype=np.int32)
+    b2 = rng.integers(-5000, 5000, d_out, dtype=np.int32)
+    requant = ((3, 8), (5, 7))
+    program, expected = kernels.mlp(TINY, x_t, w1, b1, w2, b2, requant=requant, out=out)
+    h = kernels.reference_activation(w1.T.astype(np.int64) @ x_t.astype(np.int64),
+                                     multiplier=3, shift=8, bias=b1, relu=True)
+    assert ((h > 0) & (h < 127)).any()
+    y = kernels.reference_activation(w2.T.astype(np.int64) @ h, multiplier=5, shift=7,
+                                     bias=b2, out=out)
+    assert np.array_equal(expected["out_t"], y)
+    assert len(np.unique(y)) > 10
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=3)
+
+
+def test_race_checker_catches_missing_waits():
+    """The checker is not blind: with the waits of one stream removed, some interleaving
+    gives different outputs (or reads stale data)."""
+    rng = np.random.default_rng(9)
+    program, expected = kernels.gemm(TINY, _int8(rng, 9, 6), _int8(rng, 9, 35))
+    _race_free(program, expected, seeds=4)
+    for engine in isa.Engine:
+        broken = _without_waits(program, engine)
+        caught = False
+        for seed in range(12):
+            try:
+                outputs = RaceChecker(broken, seed).run()
+            except AssertionError:
+                caught = True
+                break
+            if not np.array_equal(outputs["c"], expected["c"]):
+                caught = True
+                break
+        assert caught, f"waits of engine {engine.name} removed, no seed noticed"
+
+
+def test_gemm_128_cubed_builds_fast_with_the_planned_schedule_and_is_exact():
+    rng = np.random.default_rng(10)
+    a_t, b = _int8(rng, 128, 128), _int8(rng, 128, 128)
+    start = time.perf_counter()
+    program, expected = kernels.gemm(TINY, a_t, b)
+    seconds = time.perf_counter() - start
+    counts = program.opcode_counts
+    print(f"\n128x128x128 gemm on tiny: built in {seconds:.2f} s; {program.instruction_counts};"
+          f" {counts}")
+    assert seconds < 5
+    # 32 K tiles x 32 M tiles x 8 chunks of 16; blocks of 2 chunks (2 of the 4 PSUM banks):
+    # one stationary load per block, K tile and M tile.
+    assert counts["tensor"] == {"MATMUL": 32 * 32 * 8, "LOAD_STATIONARY": 32 * 32 * 4,
+                                "END": 1}
+    assert counts["activation"]["ACTIVATE"] == 32 * 8
+    # Per block of 32 columns: the moving block, the stationary tiles of 4 M tiles per
+    # descriptor (8), one store per M tile (32): few, large descriptors.
+    assert counts["dma"] == {"DMA": 4 * (1 + 8 + 32), "END": 1}
+    # Waits are placed only where needed: the DMA and the tensor engine need no NOP.
+    assert "NOP" not in counts["tensor"] and "NOP" not in counts["dma"]
+    assert program.macs == 128 ** 3
+    assert np.array_equal(expected["c"], a_t.T.astype(np.int64) @ b.astype(np.int64))
+    _, outcome = _check_golden(program, expected)
+    # Every byte is moved once per use: A once per block, B once, C once.
+    assert outcome.counters["dma_bytes"] == 4 * 128 * 128 + 128 * 128 + 4 * 128 * 128
+    _race_free(program, expected, seeds=1)
+
+
+def test_program_save_load_roundtrip(tmp_path):
+    rng = np.random.default_rng(11)
+    program, expected = kernels.gemm(TINY, _int8(rng, 5, 3), _int8(rng, 5, 6))
+    assert len(program.hbm) % 4096 == 0 and all(p % 4096 == 0 for p in program.programs)
+    assert all(addr % 64 == 0 for addr, _, _ in [*program.inputs.values(),
+                                                  *program.outputs.values()])
+    base = program.save(tmp_path / "gemm.npz")
+    assert base.with_suffix(".npz").exists() and base.with_suffix(".json").exists()
+    loaded = Program.load(base)
+    assert loaded.config == program.config and loaded.programs == program.programs
+    assert np.array_equal(loaded.hbm, program.hbm)
+    assert loaded.outputs == program.outputs and loaded.inputs == program.inputs
+    assert loaded.instruction_counts == program.instruction_counts
+    outputs, _ = loaded.run(backend=lambda p: Core(p.config).run(p.hbm, p.programs))
+    assert np.array_equal(outputs["c"], expected["c"])
+    assert np.array_equal(loaded.read_inputs()["b"], program.read_inputs()["b"])
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _fresh():
+    k = Kernel(TINY, "errors")
+    return k, k.input("a", np.zeros((8, 8), np.int8)), k.sbuf(4, 64), k.psum(16)
+
+
+@pytest.mark.parametrize("case, message", [
+    (lambda k, a, t, p: k.sbuf(4, 5000), r"nbytes=5000: must be between 1 and 4096"),
+    (lambda k, a, t, p: k.sbuf(5, 8), r"partitions=5: must be between 1 and 4"),
+    (lambda k, a, t, p: [k.sbuf(4, 2048), k.sbuf(4, 2048)], r"nbytes=2048: no free SBUF"),
+    (lambda k, a, t, p: k.psum(17), r"entries=17: must be between 1 and 16"),
+    (lambda k, a, t, p: t[0:5, 0:4], r"index\[0\]=slice\(0, 5, None\): must be a non-empty"),
+    (lambda k, a, t, p: t[:, 60:70], r"index\[1\]=slice\(60, 70, None\)"),
+    (lambda k, a, t, p: k.dma(t[0:4, 0:8], a[0:3, :]), r"dst rows=4: must equal the src rows"),
+    (lambda k, a, t, p: k.dma(t[0:4, 0:4], a[0:4, :]), r"dst row bytes=4: must equal"),
+    (lambda k, a, t, p: k.load_stationary(t[:, 0:5]), r"view columns=5: must be at most "
+                                                     r"pe_cols=4"),
+    (lambda k, a, t, p: k.matmul(p[:, 0:4], t[:, 0:4]), r"matmul: no load_stationary"),
+    (lambda k, a, t, p: [k.load_stationary(t[:, 0:4]), k.matmul(p[:, 0:16], t[:, 0:17])],
+     r"moving columns=17: must be at most moving_max=16"),
+    (lambda k, a, t, p: [k.load_stationary(t[:, 0:4]), k.matmul(p[:, 0:8], t[:, 0:4])],
+     r"psum entries=8: must equal the moving columns \(4\)"),
+    (lambda k, a, t, p: [k.load_stationary(t[:, 0:4]), k.load_stationary(t[:, 0:4])],
+     r"previous stationary tile has not been used"),
+    (lambda k, a, t, p: [k.load_stationary(t[0:3, 0:4]), k.matmul(p[:, 0:4], t[:, 0:4])],
+     r"moving rows=\(0, 4\): must be partitions 0..2"),
+    (lambda k, a, t, p: k.activation(t[:, 2:6], p[:, 0:1], out="int32"),
+     r"dst offset=2: must be a multiple of 4"),
+    (lambda k, a, t, p: k.activation(t[:, 0:4], p[:, 0:4], bias=t[:, 2:6]),
+     r"bias offset=2: must be a multiple of 4"),
+    (lambda k, a, t, p: k.activation(t[:, 0:4], p[:, 0:4], shift=64), r"shift=64"),
+    (lambda k, a, t, p: k.activation(t[:, 0:4], p[:, 0:4], function="gelu"),
+     r"function='gelu': must be one of identity, relu"),
+    (lambda k, a, t, p: k.activation(t[:, 0:8], t[:, 4:12]), r"must not overlap src"),
+    (lambda k, a, t, p: k.activation(t[1:4, 0:4], p[1:4, 0:4]), r"must start at partition 0"),
+    (lambda k, a, t, p: k.dma(t[:, 0:8], t[:, 4:12]), r"shares bytes with src"),
+    (lambda k, a, t, p: k.dma_pattern(Pattern(t, stride2=60, pstep1=1), Pattern(a, stride1=8),
+                                      n0=8, n1=4, n2=2), r"reaches byte 67 of SBUF tile"),
+    (lambda k, a, t, p: k.dma_pattern(Pattern(t, pstep1=2), Pattern(a, stride1=8), n0=8, n1=4),
+     r"reaches partition 6"),
+    (lambda k, a, t, p: [k.free(t), k.dma(t[:, 0:8], a[0:4, :])], r"freed tile"),
+    (lambda k, a, t, p: k.input("a", np.zeros((2, 2), np.int8)), r"name='a': already names"),
+    (lambda k, a, t, p: k.input("f", np.zeros((2, 2), np.float32)), r"f.dtype='float32'"),
+    (lambda k, a, t, p: k.output("o", (2, 2, 2), np.int8), r"o.shape=\(2, 2, 2\)"),
+    (lambda k, a, t, p: k.build(), r"has no output tensor"),
+])
+def test_builder_errors(case, message):
+    k, a, t, p = _fresh()
+    with pytest.raises(KernelError, match=message):
+        case(k, a, t, p)
+
+
+def test_kernel_errors():
+    with pytest.raises(KernelError, match=r"config.semaphores=2: must be at least 3"):
+        Kernel(TINY.replace(semaphores=2))
+    rng = np.random.default_rng(12)
+    with pytest.raises(KernelError, match=r"b.shape=\(5, 3\): must have 4 rows"):
+        kernels.gemm(TINY, _int8(rng, 4, 3), _int8(rng, 5, 3))
+    with pytest.raises(KernelError, match=r"a_t.dtype=int32: must be int8"):
+        kernels.gemm(TINY, np.zeros((4, 3), np.int32), _int8(rng, 4, 3))
+    with pytest.raises(KernelError, match=r"bias: int32 \(4,\): must be int32 of shape \(3,\)"):
+        kernels.gemm_bias_relu(TINY, _int8(rng, 4, 3), _int8(rng, 4, 3),
+                               np.zeros(4, np.int32), multiplier=1, shift=0)
+    with pytest.raises(KernelError, match=r"shift=70"):
+        kernels.gemm_bias_relu(TINY, _int8(rng, 4, 3), _int8(rng, 4, 3),
+                               np.zeros(3, np.int32), multiplier=1, shift=70)
+    with pytest.raises(KernelError, match=r"requant=\(1, 2\): must be"):
+        kernels.mlp(TINY, _int8(rng, 4, 3), _int8(rng, 4, 5), np.zeros(5, np.int32),
+                    _int8(rng, 5, 2), np.zeros(2, np.int32), requant=(1, 2))
+    with pytest.raises(KernelError, match=r"w2.shape=\(4, 2\): must have 5 rows"):
+        kernels.mlp(TINY, _int8(rng, 4, 3), _int8(rng, 4, 5), np.zeros(5, np.int32),
+                    _int8(rng, 4, 2), np.zeros(2, np.int32), requant=((1, 0), (1, 0)))
