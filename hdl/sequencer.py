@@ -277,7 +277,9 @@ class Sequencer(wiring.Component):
                 m.d.comb += self.check_valid.eq(1)
                 with m.If(check_code != 0):
                     fault(check_code)
-                with m.Elif(~self.halt & ~wait_ok):
+                with m.Elif(~wait_ok):
+                    # Not gated by halt: the deadlock fault names the waiting engine in the
+                    # cycle it halts everything.
                     m.d.comb += self.waiting.eq(1)
                 with m.Elif(~self.halt & retiring.w_rdy):
                     with m.If(is_unit):

@@ -14,7 +14,7 @@ from opentrn.isa import Engine, Fault
 
 from . import runner
 
-__all__ = ["run_images", "watchdog_cycles", "CoreRunError"]
+__all__ = ["run_images", "run_programs", "rtl_backend", "watchdog_cycles", "CoreRunError"]
 
 
 class CoreRunError(RuntimeError):
@@ -66,3 +66,25 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
                 hbm=saved["hbm"].copy(), sbuf=None, psum=None, retired={}, semaphores=[]))
         return outcomes, result
 
+
+
+def run_programs(programs, *, sim=None, **kwargs):
+    """Run kernel :class:`~opentrn.kernel.Program` objects of one configuration in one
+    simulation: ``(outcomes, SimResult)``."""
+    configs = {program.config for program in programs}
+    if len(configs) != 1:
+        raise ValueError("programs: every program must be built for the same configuration")
+    return run_images(configs.pop(), [(p.hbm, p.programs) for p in programs], sim=sim,
+                      **kwargs)
+
+
+def rtl_backend(*, sim=None, **kwargs):
+    """A backend for :meth:`opentrn.kernel.Program.run` that runs on the core RTL: the
+    same call as the golden machine's. The last run's :class:`SimResult` is kept as the
+    backend's ``last_result``."""
+    def backend(program):
+        (outcome,), result = run_programs([program], sim=sim, **kwargs)
+        backend.last_result = result
+        return outcome
+    backend.last_result = None
+    return backend

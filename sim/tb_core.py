@@ -16,6 +16,7 @@ cycles per HBM burst), ``OPENTRN_BACKPRESSURE``, ``OPENTRN_SEED``.
 """
 
 import json
+import logging
 import os
 import time
 import warnings
@@ -100,14 +101,19 @@ async def run_jobs(dut):
                    period_ns=harness.CLOCK_PERIOD_NS, latency=latency,
                    backpressure=backpressure, seed=harness.setting("seed", 1))
     host = Host(dut)
+    # cocotbext-axi logs every register access at INFO: thousands of lines per run.
+    logging.getLogger(f"cocotb.{dut._name}.host_").setLevel(logging.WARNING)
     await harness.reset(dut)
+    used = 0
     for index, job in enumerate(jobs):
         image = np.load(job["image"])
         hbm_image, programs = image["hbm"], [int(p) for p in image["programs"]]
         await host.write("CONTROL", CONTROL_SOFT_RESET)
         hbm.write(0, hbm_image.tobytes())
-        # Whatever the previous job left beyond this image is cleared, as a fresh HBM.
-        hbm.write(len(hbm_image), bytes(hbm.size - len(hbm_image)))
+        # What the previous job left beyond this image is cleared: each job sees a fresh HBM.
+        if used > len(hbm_image):
+            hbm.write(len(hbm_image), bytes(used - len(hbm_image)))
+        used = len(hbm_image)
         for engine, pointer in zip(Engine, programs, strict=True):
             await host.write64(f"{engine.name}_PROGRAM", pointer)
         await host.write("IRQ_STATUS", IRQ_DONE | IRQ_ERROR)
