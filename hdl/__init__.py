@@ -6,6 +6,7 @@ from opentrn.config import ConfigError
 
 from .activation_engine import ActivationEngine
 from .core import Core
+from .core import check_config as check_core
 from .dma import DMA
 from .memory_system import MemorySystem
 from .processing_element import ProcessingElement
@@ -14,7 +15,7 @@ from .sbuf import SBUF
 from .tensor_engine import TensorEngine
 
 __all__ = ["ProcessingElement", "TensorEngine", "SBUF", "PSUM", "DMA", "MemorySystem",
-           "ActivationEngine", "Core", "TOPS", "toplevel", "ports"]
+           "ActivationEngine", "Core", "TOPS", "check", "toplevel", "ports"]
 
 #: Blocks that can be a simulation or Verilog top level, by name.
 TOPS = {
@@ -28,14 +29,22 @@ TOPS = {
 }
 
 
-def toplevel(name, config):
-    """Build the top-level component ``name`` sized by ``config``."""
+def check(name, config):
+    """Raise :class:`ConfigError` unless the top level ``name`` can be built for ``config``
+    (before any hardware is elaborated)."""
     if name not in TOPS:
         raise ValueError(f"top={name!r}: must be one of {', '.join(TOPS)}")
     if config.dtype != "int8":
         # A valid configuration (projections use it) that the hardware cannot build yet.
         raise ConfigError(f"dtype={config.dtype!r}: the hardware is built for int8 inputs "
                           "only so far (try --set dtype=int8)")
+    if name == "core":
+        check_core(config)
+
+
+def toplevel(name, config):
+    """Build the top-level component ``name`` sized by ``config``."""
+    check(name, config)
     return TOPS[name](config=config)
 
 

@@ -34,7 +34,11 @@ def test_config_file_and_overrides(tmp_path, capsys):
      "opentrn config: error: pe_rows=6: must be a power of two between 2 and 256"),
     (["verilog", "--set", "wibble=1"], "opentrn verilog: error: wibble: unknown configuration"),
     (["demo", "--set", "acc_bits=8", "--sim", "icarus"], "opentrn demo: error: acc_bits=8"),
-    (["demo", "--cases", "0", "--sim", "icarus"], "opentrn demo: error: --cases=0"),
+    (["demo", "--m", "0", "--sim", "icarus"], "opentrn demo: error: --m=0: must be at least 1"),
+    (["run", "mlp", "--hidden", "-3", "--sim", "icarus"],
+     "opentrn run: error: --hidden=-3: must be at least 1"),
+    (["run", "gemm", "--set", "pe_rows=8", "--sim", "icarus"],
+     "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
     (["demo", "--preset", "trn3", "--sim", "icarus"],
      "opentrn demo: error: dtype='bf16': the hardware is built for int8 inputs only"),
     (["verilog", "--preset", "trn2", "--top", "dma"],
@@ -55,34 +59,48 @@ def test_unknown_preset_is_an_argparse_error(capsys):
 @pytest.mark.sim
 @pytest.mark.parametrize("sim", runner.SIMULATORS)
 def test_demo_json_and_waves(sim, tmp_path):
-    """The README's demo, as a user runs it: ``python -m opentrn demo --json``."""
+    """The README's demo, as a user runs it: ``python -m opentrn demo --json``: a GEMM +
+    bias + ReLU through the whole core, checked against numpy and the golden machine."""
     require_simulator(sim)
     vcd = tmp_path / "demo.vcd"
     completed = subprocess.run(
-        [sys.executable, "-m", "opentrn", "demo", "--sim", sim, "--cases", "40", "--json",
-         "--waves", str(vcd)], capture_output=True, text=True, check=False)
+        [sys.executable, "-m", "opentrn", "demo", "--sim", sim, "--m", "8", "--k", "12",
+         "--n", "20", "--json", "--waves", str(vcd)], capture_output=True, text=True,
+        check=False)
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert report["passed"] is True and report["mismatches"] == 0
-    assert report["cycle_mismatches"] == 0
-    assert report["sim"] == sim and report["preset"] == "tiny" and report["cases"] == 40
-    assert report["macs"] > 0 and 0 < report["utilization"] <= 1
+    assert report["golden_mismatches"] == 0 and report["fault"] == "NONE"
+    assert report["sim"] == sim and report["preset"] == "tiny"
+    assert report["kernel"] == "gemm+bias+relu 8x12x20"
+    assert report["macs"] == 8 * 12 * 20 and 0 < report["utilization"] <= 1
+    assert set(report["engine_busy"]) == {"dma", "tensor", "activation"}
+    assert all(0 < value <= report["cycles"] for value in report["engine_busy"].values())
+    assert report["dma_bytes"] > 0
     assert report["vcd"] == str(vcd) and vcd.exists()
     # Progress went to stderr, the report alone to stdout.
     assert "simulating" in completed.stderr
 
     completed = subprocess.run(
-        [sys.executable, "-m", "opentrn", "wave", str(vcd), "--signal", r"result__valid$",
-         "--json"], capture_output=True, text=True, check=False)
+        [sys.executable, "-m", "opentrn", "wave", str(vcd), "--signal",
+         r"tensor_unit.*moving__valid$", "--json"], capture_output=True, text=True,
+        check=False)
     assert completed.returncode == 0, completed.stderr
     table = json.loads(completed.stdout)
     valid = table["signals"][0]
-    assert sum(row["values"][valid] == 1 for row in table["rows"]) > 0
+    # The array took one moving vector per MAC-cycle of the counters.
+    assert sum(row["values"][valid] == 1 for row in table["rows"]) >= \
+        report["engine_busy"]["tensor"]
 
 
 @pytest.mark.sim
-def test_demo_text_report(capsys):
-    require_simulator("icarus")
-    assert main(["demo", "--sim", "icarus", "--cases", "10", "--seed", "5"]) == 0
+@pytest.mark.parametrize("argv", [["gemm", "--m", "5", "--k", "9", "--n", "7"],
+                                  ["mlp", "--batch", "6", "--d-in", "5", "--hidden", "9",
+                                   "--d-out", "3"]])
+def test_run_text_report(argv, capsys):
+    sim = runner.long_run_simulator()
+    require_simulator(sim)
+    assert main(["run", *argv, "--sim", sim, "--seed", "5"]) == 0
     out = capsys.readouterr().out
-    assert "PASS: bit-exact" in out and "mismatches      0" in out
+    assert "PASS: bit-exact against numpy and the golden machine" in out
+    assert "mismatches        0 (golden machine: 0 bytes)" in out

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from opentrn import config as configuration
 from opentrn.config import ConfigError
+from opentrn.kernel import KernelError
 from opentrn.report import key_value_table
 
 __all__ = ["main"]
@@ -65,64 +66,140 @@ def _cmd_verilog(args):
     return 0
 
 
-def _cmd_demo(args):
+def _positive(name, value):
+    if value < 1:
+        raise ConfigError(f"{name}={value}: must be at least 1")
+    return value
+
+
+def _random_int8(rng, shape):
+    import numpy as np
+    return rng.integers(-128, 128, shape).astype(np.int8)
+
+
+def _build_kernel(args, cfg):
+    """The kernel of ``opentrn run`` / ``opentrn demo``: ``(label, program, expected)``."""
+    import numpy as np
+
+    from opentrn import kernels
+    rng = np.random.default_rng(args.seed)
+    if args.kernel == "mlp":
+        batch, d_in, hidden, d_out = (_positive(f"--{name}", getattr(args, name.replace(
+            "-", "_"))) for name in ("batch", "d-in", "hidden", "d-out"))
+        program, expected = kernels.mlp(
+            cfg, _random_int8(rng, (d_in, batch)), _random_int8(rng, (d_in, hidden)),
+            rng.integers(-2000, 2000, hidden).astype(np.int32),
+            _random_int8(rng, (hidden, d_out)),
+            rng.integers(-2000, 2000, d_out).astype(np.int32),
+            requant=((1, 7), (1, 7)))
+        return f"mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
+    m, k, n = (_positive(f"--{name}", getattr(args, name)) for name in ("m", "k", "n"))
+    a, b = _random_int8(rng, (m, k)), _random_int8(rng, (k, n))
+    if args.kernel == "gemm-relu":
+        bias = rng.integers(-4000, 4000, m).astype(np.int32)
+        program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, multiplier=1,
+                                                   shift=8)
+        return f"gemm+bias+relu {m}x{k}x{n}", program, expected
+    program, expected = kernels.gemm(cfg, a.T.copy(), b)
+    return f"gemm {m}x{k}x{n}", program, expected
+
+
+def _run_kernel(args):
+    """Build a kernel, run it on the core RTL, check it against numpy and the golden
+    machine, and report the performance counters."""
+    import numpy as np
+
+    from opentrn.golden.core import Core as GoldenCore
+    from opentrn.hdl import check
+    from opentrn.isa import Fault
     from opentrn.sim import runner
+    from opentrn.sim.core import run_programs
     cfg = _config(args)
-    if args.cases < 1:
-        raise ConfigError(f"--cases={args.cases}: must be at least 1")
+    check("core", cfg)
     sim = args.sim or runner.default_simulator()
     reason = runner.available(sim)
     if reason is not None:
         raise runner.SimulatorMissing(reason)
     progress = _Progress()
-    result = runner.run(cfg, "opentrn.sim.tb_tensor_engine", "tensor_engine", sim,
-                        testcase="test_random_workload",
-                        env={"OPENTRN_CASES": args.cases, "OPENTRN_SEED": args.seed},
-                        vcd=args.waves, progress=progress)
+    label, program, expected = _build_kernel(args, cfg)
+    progress(f"built {label}: {sum(program.instruction_counts.values())} instructions")
+    reference = GoldenCore(cfg).run(program.hbm, program.programs)
+    (outcome,), result = run_programs([program], sim=sim, vcd=args.waves, progress=progress)
     progress("done")
-    stats = result.reports[0] if result.reports else {}
+    outputs = program.read_outputs(outcome.hbm)
+    mismatches = sum(int(np.count_nonzero(outputs[name] != value))
+                     for name, value in expected.items())
+    golden_mismatches = int(np.count_nonzero(outcome.hbm != reference.hbm[:len(outcome.hbm)]))
+    counters = outcome.counters
+    cycles = counters["cycles"]
+    record = result.reports[-1]
     report = {
-        "passed": result.passed and stats.get("mismatches") == 0,
+        "passed": outcome.fault == Fault.NONE and mismatches == 0 and golden_mismatches == 0,
+        "kernel": label,
         "preset": args.preset or "tiny",
         "sim": sim,
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
         "dtype": cfg.dtype,
-        "cases": stats.get("cases", 0),
-        "mismatches": stats.get("mismatches"),
-        "cycle_mismatches": stats.get("cycle_mismatches"),
-        "cycles": stats.get("cycles"),
-        "macs": stats.get("macs"),
-        "macs_per_cycle": stats["macs"] / stats["cycles"] if stats else None,
+        "fault": Fault(outcome.fault).name,
+        "mismatches": mismatches,
+        "golden_mismatches": golden_mismatches,
+        "cycles": cycles,
+        "macs": counters["macs"],
+        "macs_per_cycle": counters["macs"] / cycles if cycles else None,
         "peak_macs_per_cycle": cfg.peak_macs_per_cycle,
-        "utilization": stats.get("utilization"),
+        "utilization": counters["macs"] / (cycles * cfg.peak_macs_per_cycle) if cycles
+        else None,
+        "engine_busy": {"dma": counters["dma_busy"], "tensor": counters["tensor_busy"],
+                        "activation": counters["activation_busy"]},
+        "engine_wait": {"dma": counters["dma_wait"], "tensor": counters["tensor_wait"],
+                        "activation": counters["activation_wait"]},
+        "dma_bytes": counters["dma_bytes"],
+        "instructions": dict(program.instruction_counts),
         "sim_seconds": round(result.seconds, 3),
+        "cycles_per_second": round(cycles / record["wall_seconds"]) if cycles else None,
         "vcd": str(result.vcd) if result.vcd else None,
         "log": str(result.log),
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        verdict = "PASS: bit-exact" if report["passed"] else "FAIL"
+        def share(value):
+            return f"{value} cycles ({100 * value / cycles:.1f}%)" if cycles else str(value)
+        verdict = ("PASS: bit-exact against numpy and the golden machine" if report["passed"]
+                   else f"FAIL: fault {report['fault']}, {mismatches} output mismatches, "
+                        f"{golden_mismatches} HBM bytes differ from the golden machine")
         rows = [
+            ("kernel", label),
             ("preset", f"{report['preset']} ({report['array']} {report['dtype']})"),
-            ("simulator", sim),
-            ("cases", f"{report['cases']} random matmuls, N = 1..{cfg.moving_max}"),
-            ("mismatches", f"{report['mismatches']} (cycle formula: "
-                           f"{report['cycle_mismatches']})"),
-            ("cycles", report["cycles"]),
-            ("MACs", report["macs"]),
+            ("simulator", f"{sim} ({report['cycles_per_second']} cycles/s)"),
+            ("instructions", ", ".join(f"{engine} {count}" for engine, count in
+                                      program.instruction_counts.items())),
+            ("mismatches", f"{mismatches} (golden machine: {golden_mismatches} bytes)"),
+            ("cycles", cycles),
+            ("MACs", counters["macs"]),
         ]
-        if stats:
-            rows += [
-                ("MACs per cycle", f"{report['macs_per_cycle']:.2f} of "
-                                   f"{report['peak_macs_per_cycle']} peak "
-                                   f"({100 * report['utilization']:.1f}% utilization)"),
-            ]
-        rows += [("waves", report["vcd"] or "(none: --waves FILE.vcd)"),
-                 ("result", verdict if stats else f"FAIL: simulation did not finish, see "
-                                                  f"{report['log']}")]
+        if cycles:
+            rows.append(("MACs per cycle", f"{report['macs_per_cycle']:.2f} of "
+                                           f"{cfg.peak_macs_per_cycle} peak "
+                                           f"({100 * report['utilization']:.1f}% utilization)"))
+        rows += [(f"{engine} busy", share(value))
+                 for engine, value in report["engine_busy"].items()]
+        rows += [(f"{engine} waits", share(value))
+                 for engine, value in report["engine_wait"].items()]
+        rows += [("DMA bytes", counters["dma_bytes"]),
+                 ("waves", report["vcd"] or "(none: --waves FILE.vcd)"),
+                 ("result", verdict)]
         print(key_value_table(rows))
     return 0 if report["passed"] else 1
+
+
+def _cmd_run(args):
+    return _run_kernel(args)
+
+
+def _cmd_demo(args):
+    args.kernel = "gemm-relu"
+    return _run_kernel(args)
 
 
 def _cmd_wave(args):
@@ -131,6 +208,19 @@ def _cmd_wave(args):
 
 
 # -- parser -----------------------------------------------------------------------------------
+
+def _add_run_options(parser, *, sims, default_sim):
+    parser.add_argument("--sim", choices=sims, help=f"simulator (default: {default_sim})")
+    parser.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
+    parser.add_argument("--seed", type=int, default=1, help="input data seed (default: 1)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _add_gemm_options(parser, *, default):
+    for name, value in zip("mkn", default, strict=True):
+        parser.add_argument(f"--{name}", type=int, default=value,
+                            help=f"GEMM {name.upper()} (default: {value})")
+
 
 def _parser():
     from opentrn.hdl import TOPS
@@ -154,15 +244,32 @@ def _parser():
     p.set_defaults(func=_cmd_verilog)
 
     p = commands.add_parser(
-        "demo", help="run a random matmul workload on the RTL under cocotb, bit-exact check")
+        "demo", help="run a GEMM + bias + ReLU through the whole core RTL under cocotb, "
+                     "bit-exact check, performance counters")
     _add_config_options(p)
-    p.add_argument("--sim", choices=SIMULATORS,
-                   help="simulator (default: Icarus if installed, else Verilator)")
-    p.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
-    p.add_argument("--cases", type=int, default=200, help="random matmuls (default: 200)")
-    p.add_argument("--seed", type=int, default=1, help="workload seed (default: 1)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_run_options(p, sims=SIMULATORS, default_sim="Icarus if installed, else Verilator")
+    _add_gemm_options(p, default=(32, 64, 64))
     p.set_defaults(func=_cmd_demo)
+
+    p = commands.add_parser(
+        "run", help="run a library kernel on the core RTL under cocotb, bit-exact check, "
+                    "performance counters")
+    kinds = p.add_subparsers(dest="kernel", required=True, metavar="KERNEL")
+    for kind, text in (("gemm", "C = A @ B, int8 inputs, int32 results"),
+                       ("gemm-relu", "int8 relu((A @ B + bias) / 2**8)")):
+        q = kinds.add_parser(kind, help=text)
+        _add_config_options(q)
+        _add_run_options(q, sims=SIMULATORS, default_sim="Icarus if installed, else "
+                                                         "Verilator")
+        _add_gemm_options(q, default=(64, 64, 64))
+        q.set_defaults(func=_cmd_run)
+    q = kinds.add_parser("mlp", help="a 2-layer int8 MLP (relu, requantized), feature-major")
+    _add_config_options(q)
+    _add_run_options(q, sims=SIMULATORS, default_sim="Icarus if installed, else Verilator")
+    for name, default in (("batch", 16), ("d-in", 32), ("hidden", 64), ("d-out", 16)):
+        q.add_argument(f"--{name}", type=int, default=default,
+                       help=f"(default: {default})")
+    q.set_defaults(func=_cmd_run)
 
     p = commands.add_parser("wave", help="list the signals of a VCD or print them per cycle")
     wave.add_arguments(p)
@@ -175,6 +282,6 @@ def main(argv=None):
     from opentrn.sim.runner import SimulatorMissing
     try:
         return args.func(args)
-    except (ConfigError, SimulatorMissing) as exc:
+    except (ConfigError, KernelError, SimulatorMissing) as exc:
         print(f"opentrn {args.command}: error: {exc}", file=sys.stderr)
         return 2
