@@ -28,12 +28,13 @@ def watchdog_cycles(hbm, programs):
 
 
 def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure=0.0,
-               seed=1, progress=None):
+               seed=1, watchdog=None, progress=None):
     """Run each job ``(hbm, programs)`` (an HBM image from address 0 and three program
     pointers) on the core in one simulation, one after another with a soft reset between;
     return one :class:`Outcome` per job (its ``hbm`` the image's length of HBM after the run;
     ``counters`` the hardware's) and the :class:`~opentrn.sim.runner.SimResult`, whose
-    ``reports`` hold each job's status and timing."""
+    ``reports`` hold each job's status and timing. ``watchdog`` (cycles) overrides
+    :func:`watchdog_cycles`. A simulation that fails raises :class:`CoreRunError`."""
     sim = sim or runner.long_run_simulator()
     with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
         folder = Path(folder)
@@ -43,7 +44,7 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
             image = folder / f"image{index}.npz"
             np.savez(image, hbm=hbm, programs=np.array(programs, dtype=np.uint64))
             specs.append({"image": str(image), "result": str(folder / f"result{index}.npz"),
-                          "watchdog": watchdog_cycles(hbm, programs)})
+                          "watchdog": watchdog or watchdog_cycles(hbm, programs)})
         result = runner.run(config, "opentrn.sim.tb_core", "core", sim, env={
             "OPENTRN_JOBS": json.dumps(specs),
             "OPENTRN_LATENCY": ",".join(str(int(x)) for x in latency),
@@ -51,7 +52,9 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
         }, vcd=vcd, progress=progress)
         records = [r for r in result.reports if r.get("test") == "job"]
         if not result.passed or len(records) != len(jobs):
-            raise CoreRunError(f"the core simulation failed on {sim}: see {result.log}")
+            error = CoreRunError(f"the core simulation failed on {sim}: see {result.log}")
+            error.result = result
+            raise error
         outcomes = []
         for spec, record in zip(specs, records, strict=True):
             saved = np.load(spec["result"])

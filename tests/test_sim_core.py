@@ -11,7 +11,7 @@ from opentrn import config, isa, kernels
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
 from opentrn.sim import runner
-from opentrn.sim.core import run_images, run_programs
+from opentrn.sim.core import CoreRunError, run_images, run_programs
 
 from .conftest import require_simulator
 
@@ -186,3 +186,18 @@ def test_tensor_engine_is_busy_90_percent_on_a_compute_bound_gemm():
     assert counters["tensor_busy"] * TINY.peak_macs_per_cycle == counters["macs"]
     assert counters["tensor_busy"] / counters["cycles"] >= 0.90, counters
 
+
+
+@pytest.mark.sim
+def test_watchdog_turns_a_hang_into_a_failure_with_the_engine_states():
+    """A run that outlives its watchdog (here one far too short for the kernel) fails the
+    simulation, and the log shows each sequencer's state."""
+    sim = runner.long_run_simulator()
+    require_simulator(sim)
+    _, program, _ = _kernel_jobs(TINY)[2]
+    with pytest.raises(CoreRunError) as info:
+        run_programs([program], sim=sim, watchdog=50)
+    log = info.value.result.log.read_text()
+    assert "no interrupt within 50 cycles" in log
+    for engine in ("DMA", "TENSOR", "ACTIVATION"):
+        assert f"{engine}: {{'pc':" in log

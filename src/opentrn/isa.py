@@ -160,7 +160,11 @@ def encode(opcode, **values):
     """The bytes of one instruction. Missing fields are zero; ``wait=``/``signal=`` are
     implied by giving ``wait_sem``/``signal_sem``. Raises :class:`IsaError` for a value
     that does not fit its field or an unknown field name."""
-    opcode = Opcode(opcode)
+    try:
+        opcode = Opcode(opcode)
+    except ValueError:
+        raise IsaError(f"opcode={opcode!r}: not an opcode (one of "
+                       f"{', '.join(op.name for op in Opcode)})") from None
     values = dict(values)
     if "wait_sem" in values:
         values.setdefault("wait", 1)
@@ -169,8 +173,6 @@ def encode(opcode, **values):
     known = {f.name: f for f in fields(opcode)}
     word = opcode.value
     for name, value in values.items():
-        if name == "opcode":
-            raise IsaError("opcode: give it as the first argument")
         if name not in known:
             raise IsaError(f"{name}: not a field of {opcode.name} "
                            f"(fields: {', '.join(known)})")
