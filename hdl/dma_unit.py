@@ -84,8 +84,9 @@ class DmaUnit(wiring.Component):
                     getattr(source, f"{side}_{name}"))
 
         # The byte count of each accepted descriptor waits in a FIFO for its finish.
-        m.submodules.sizes = sizes = fifo.SyncFIFOBuffered(width=BYTES_BITS,
-                                                           depth=_IN_FLIGHT)
+        # Unbuffered: an entry is readable the cycle after it is written, whenever the
+        # descriptor finishes.
+        m.submodules.sizes = sizes = fifo.SyncFIFO(width=BYTES_BITS, depth=_IN_FLIGHT)
         m.d.comb += [
             self.descriptor.valid.eq(self.instruction.valid & sizes.w_rdy),
             self.instruction.ready.eq(self.descriptor.ready & sizes.w_rdy),

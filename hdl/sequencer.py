@@ -252,6 +252,13 @@ class Sequencer(wiring.Component):
                 m.d.sync += fetching.eq(1)
                 m.next = "FETCH"
 
+        def restart_if_started():
+            # A sequencer halted mid-stream by a fault elsewhere begins again at the next run
+            # (the core starts one only when nothing is in flight). Last in the state, so
+            # that its assignments win.
+            with m.If(self.start):
+                begin()
+
         m.d.comb += flush.eq(self.start)
         with m.FSM():
             with m.State("IDLE"):
@@ -273,6 +280,7 @@ class Sequencer(wiring.Component):
                         bad_beat.eq(bad_beat | buffer.r_data[-1]),
                         have.eq(have + 1),
                     ]
+                restart_if_started()
             with m.State("READY"):
                 m.d.comb += self.check_valid.eq(1)
                 with m.If(check_code != 0):
@@ -296,6 +304,7 @@ class Sequencer(wiring.Component):
                             m.next = "IDLE"
                         with m.Else():
                             m.next = "FETCH"
+                restart_if_started()
             with m.State("FAULT"):
                 with m.If(self.start):
                     begin()

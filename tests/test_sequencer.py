@@ -100,10 +100,11 @@ def _random_fields(rng, opcode):
     return values
 
 
-def _instruction(rng, cfg, engine, opcode, *, base, waits=True, verdict=0, **header):
+def _instruction(rng, cfg, engine, opcode, *, base, waits=True, reach=6, verdict=0,
+                 **header):
     """The bytes of one instruction: random operands, a random signal and wait (a wait for
-    a value at most a few increments above the semaphore's base), and disabled header
-    fields with random junk that must be ignored."""
+    a value less than ``reach`` above the semaphore's base), and disabled header fields
+    with random junk that must be ignored."""
     values = _random_fields(rng, opcode)
     if rng.random() < 0.5:
         values["signal_sem"] = rng.randrange(cfg.semaphores)
@@ -111,16 +112,20 @@ def _instruction(rng, cfg, engine, opcode, *, base, waits=True, verdict=0, **hea
         values.update(signal=0, signal_sem=rng.randrange(256))
     if waits and rng.random() < 0.4:
         sem = rng.randrange(cfg.semaphores)
-        values.update(wait_sem=sem, wait_value=base[sem] + rng.randrange(6))
+        values.update(wait_sem=sem, wait_value=base[sem] + rng.randrange(reach))
     else:
         values.update(wait=0, wait_sem=rng.randrange(256), wait_value=rng.randrange(1 << 32))
+    for name in ("wait", "signal"):
+        if f"{name}_sem" in header:
+            header.setdefault(name, 1)
     values.update(header)
     word = int.from_bytes(isa.encode(opcode, **values), "little")
     word |= verdict << VERDICT_LSB
     return word.to_bytes(isa.instruction_bytes(opcode), "little")
 
 
-def _program(rng, cfg, engine, count, *, base, end=True, marked_nops=True, waits=True):
+def _program(rng, cfg, engine, count, *, base, end=True, marked_nops=True, waits=True,
+             reach=6):
     """``count`` random NOP / unit instructions, then END. NOPs (and END) may carry a unit
     fault verdict, which the sequencer must ignore for them."""
     out = bytearray()
@@ -131,9 +136,10 @@ def _program(rng, cfg, engine, count, *, base, end=True, marked_nops=True, waits
             opcode = rng.choice(UNIT_OPCODES[engine])
         verdict = rng.randrange(1, 8) if opcode == Opcode.NOP and marked_nops \
             and rng.random() < 0.3 else 0
-        out += _instruction(rng, cfg, engine, opcode, base=base, verdict=verdict, waits=waits)
+        out += _instruction(rng, cfg, engine, opcode, base=base, verdict=verdict, waits=waits,
+                            reach=reach)
     if end:
-        out += _instruction(rng, cfg, engine, Opcode.END, base=base, waits=waits,
+        out += _instruction(rng, cfg, engine, Opcode.END, base=base, waits=waits, reach=reach,
                             verdict=rng.randrange(8) if marked_nops else 0)
     return out
 
@@ -168,6 +174,7 @@ class _Hbm:
         self.outstanding = 0           # beats of accepted bursts not yet transferred
         self.next_addr = None          # the stream is fetched contiguously from its pointer
         self.ars = 0
+        self.errors = 0                # SLVERR beats answered
         self.last_new_ar = None
 
     def drive(self, ctx, port, cycle):
@@ -178,6 +185,7 @@ class _Hbm:
             _, address, left = self.bursts[0]
             if address in self.bad:
                 data, resp = self.rng.getrandbits(8 * self.bus), RESP_SLVERR
+                self.errors += 1
             else:
                 data = int.from_bytes(self.image[address:address + self.bus], "little")
                 resp = RESP_OKAY
@@ -246,7 +254,7 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
     base = list(bases) if bases is not None else [0] * sems
     hbm = _Hbm(cfg, image, rng, bad=bad, arready=arready, latency=latency, gap=gap)
     stats = {"waiting": 0, "back_to_back": 0, "halted": 0, "pushes": 0, "results": [],
-             "signals": 0, "cycles": 0}
+             "signals": 0, "cycles": 0, "max_queue": 0}
 
     async def bench(ctx):
         port = dut.fetch
@@ -313,8 +321,8 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                     assert outcome is not None and outcome[0] == Fault.FETCH_ERROR, cycle
                     assert (ctx.get(dut.error_code), ctx.get(dut.error_pc)) == outcome, cycle
                 assert len(pushes) == len(expected), (cycle, "fault before the stream's end")
-            if not error_seen and state == "run":
-                assert not error, cycle
+            if not error:
+                assert ctx.get(dut.error_code) == 0, cycle
             assert not (error_seen and check_valid), cycle
             assert not (end_pushed and check_valid), cycle
 
@@ -323,11 +331,12 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
             opcode = bits & 0xFF
             unit = opcode not in (Opcode.END, Opcode.NOP)
             h = _header(bits)
-            wait_ok = not h["wait"] or values[h["wait_sem"]] >= h["wait_value"] \
-                if code == Fault.NONE else False
-            live = check_valid and code == Fault.NONE and not halted
-            waiting = live and not wait_ok
-            go = live and wait_ok and len(queue) < RETIRE_DEPTH
+            wait_ok = code == Fault.NONE and (
+                not h["wait"] or values[h["wait_sem"]] >= h["wait_value"])
+            # waiting is not gated by halt (the core's deadlock fault names the waiting
+            # engine in the cycle it halts everything).
+            waiting = check_valid and code == Fault.NONE and not wait_ok
+            go = check_valid and wait_ok and not halted and len(queue) < RETIRE_DEPTH
             assert valid == (go and unit), cycle
             assert ctx.get(dut.waiting) == waiting, cycle
             stats["waiting"] += waiting
@@ -347,30 +356,17 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
             if valid:
                 assert ctx.get(dut.instruction.payload.as_value()) == exp_bits, cycle
             error_due = (code, pc) if check_valid and code != Fault.NONE else None
-            push = go and (not unit or is_ready)
-            next_pc = pc
-            if push:
-                pushes.append(pc)
-                stats["pushes"] += 1
-                h_signal = h["signal"]
-                queue.append((pc, unit, h_signal, h["signal_sem"], opcode == Opcode.END))
-                next_pc = pc + _size(engine, opcode)
-                if unit:
-                    lo, hi = delay
-                    last = retires[-1] if retires else cycle
-                    retires.append(max(cycle + rng.randint(lo, hi), last + 1))
-                if opcode == Opcode.END:
-                    end_pushed = True
-                    stopped = cycle + 1
-            # Push visible from the next cycle: model the pop on the queue before it.
-            visible = deque(queue) if not push else deque(list(queue)[:-1])
-            assert ctx.get(dut.pending) == bool(visible), cycle
-            if visible:
-                assert ctx.get(dut.retire_pc) == visible[0][0], cycle
+
+            # The retire queue: entries pushed before this cycle; one completes per cycle.
+            assert ctx.get(dut.pending) == bool(queue), cycle
+            if queue:
+                assert ctx.get(dut.retire_pc) == queue[0][0], cycle
+            quiet = hbm.quiet(ctx, port)
+            assert ctx.get(dut.quiet) == quiet, cycle
+            assert ctx.get(dut.finished) == (end_done and not queue and quiet), cycle
             available = unit_done + retire
-            pop = bool(visible) and (not visible[0][1] or available > 0)
             signal_valid = ctx.get(dut.signal.valid)
-            if pop:
+            if queue and (not queue[0][1] or available > 0):
                 head = queue.popleft()
                 completions.append(head[0])
                 unit_done = available - head[1]
@@ -379,16 +375,26 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                     assert ctx.get(dut.signal.index) == head[3], cycle
                     own[head[3]] += 1
                     stats["signals"] += 1
-                if head[4]:
-                    end_done = True
+                end_done = end_done or head[4]
             else:
                 unit_done = available
                 assert not signal_valid, cycle
-            quiet = hbm.quiet(ctx, port)
-            assert ctx.get(dut.quiet) == quiet, cycle
-            finished = end_pushed and not visible and quiet and not (pop and head[4])
-            assert ctx.get(dut.finished) == (end_done and not visible and quiet) == \
-                finished, cycle
+
+            push = go and (not unit or is_ready)
+            next_pc = pc
+            if push:
+                pushes.append(pc)
+                stats["pushes"] += 1
+                queue.append((pc, unit, h["signal"], h["signal_sem"], opcode == Opcode.END))
+                stats["max_queue"] = max(stats["max_queue"], len(queue))
+                next_pc = pc + _size(engine, opcode)
+                if unit:
+                    lo, hi = delay
+                    last = retires[-1] if retires else cycle
+                    retires.append(max(cycle + rng.randint(lo, hi), last + 1))
+                if opcode == Opcode.END:
+                    end_pushed = True
+                    stopped = cycle + 1
             hbm.sample(ctx, port, cycle)
             if stopped is not None and hbm.last_new_ar is not None:
                 assert hbm.last_new_ar <= stopped, (cycle, "fetch after END or a fault")
@@ -414,7 +420,7 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 over = (end_done or error_seen or (quiet_since is not None
                                                    and cycle - quiet_since > 40))
                 if over and drained:
-                    if quiet_since is None:
+                    if end_done or error_seen:
                         assert pushes == [p for p, _, _ in expected], "pushes"
                         assert (outcome is None) == end_done and error_seen == (
                             outcome is not None)
@@ -430,6 +436,7 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 tail += 1
                 if tail > 30:       # nothing more happens
                     stats["cycles"] = cycle
+                    stats["slverr_beats"] = hbm.errors
                     return
             await ctx.tick()
         raise AssertionError(f"not finished after {cycles} cycles: run {run}, "
@@ -465,19 +472,22 @@ def test_stream_reaches_the_unit_in_order(name, engine):
     assert stats["results"] == [(True, None, 25)]
 
 
-def test_waits():
+@pytest.mark.parametrize("semaphores, engine", [
+    (8, Engine.DMA), (8, Engine.TENSOR), (8, Engine.ACTIVATION), (5, Engine.TENSOR),
+    (1, Engine.DMA)])
+def test_waits(semaphores, engine):
     """Waits on semaphores the test raises slowly: ``waiting`` is high exactly while the
-    instruction at the head is checked and blocked on its wait, nothing is handed out
-    before its wait holds (values near 2**31 and 2**32 included)."""
-    cfg = HBM12K
-    rng = random.Random(2)
-    for engine in Engine:
-        bases = _bases(rng, cfg)
-        program = _program(rng, cfg, engine, 20, base=bases)
-        image = _image(rng, cfg, {0: program})
-        stats = _run(cfg, engine, image, [0], seed=rng.random(), bases=bases,
-                     sem_rate=0.02)
-        assert stats["waiting"] > 50 and stats["results"] == [(True, None, 21)]
+    checked instruction is blocked on its wait, nothing is handed out before its wait
+    holds (values near 2**31 and 2**32 included)."""
+    cfg = HBM12K.replace(semaphores=semaphores)
+    rng = random.Random(f"{semaphores}-{engine}")
+    bases = _bases(rng, cfg)
+    # A single semaphore also counts the stream's own signals: wait further ahead.
+    program = _program(rng, cfg, engine, 16, base=bases, reach=6 if semaphores > 1 else 12)
+    image = _image(rng, cfg, {0: program})
+    stats = _run(cfg, engine, image, [0], seed=rng.random(), bases=bases,
+                 sem_rate=0.02 * min(semaphores, 4) / 8)
+    assert stats["waiting"] > 50 and stats["results"] == [(True, None, 17)]
 
 
 def test_waits_on_own_signals():
@@ -532,11 +542,12 @@ def test_retire_queue_fills():
     stats = _run(cfg, engine, image, [0], seed=7, delay=(60, 60), ready=1.0, arready=1.0,
                  latency=(1, 1), gap=0.0)
     assert stats["results"] == [(True, None, 3 * RETIRE_DEPTH + 1)]
+    assert stats["max_queue"] == RETIRE_DEPTH
 
 
 def test_halt_stalls_issue():
-    """``halt`` in random bursts: nothing is handed out (nor waits) while it is high; the
-    stream resumes intact after it."""
+    """``halt`` in random bursts: nothing is handed out while it is high; the stream
+    resumes intact after it."""
     cfg = HBM12K
     rng = random.Random(8)
     pattern = [rng.random() < 0.5 for _ in range(64)]
@@ -575,8 +586,8 @@ def _fault_case(rng, cfg, engine, case):
     bad = set()
     tail = _program(rng, cfg, engine, 3, base=bases, waits=False)
     if case == "misaligned":
-        return _image(rng, cfg, {}), pointer + rng.randrange(1, WORD), bad, \
-            (Fault.FETCH_ERROR, pointer)
+        pointer += rng.randrange(1, WORD)
+        return _image(rng, cfg, {}), pointer, bad, (Fault.FETCH_ERROR, pointer)
     if case == "pointer_past_hbm":
         return _image(rng, cfg, {}), cfg.hbm_bytes + WORD * 3, bad, \
             (Fault.FETCH_ERROR, cfg.hbm_bytes + WORD * 3)
@@ -613,15 +624,15 @@ def _fault_case(rng, cfg, engine, case):
         code = rng.randrange(1, 8)
         word = _instruction(rng, cfg, engine, unit, base=bases, waits=False, verdict=code)
         return _image(rng, cfg, {pointer: prefix + word + tail}), pointer, bad, (code, at)
-    if case == "priority":
+    if case in ("priority_opcode", "priority_sem"):
         # Illegal opcode, a bad semaphore index and a unit verdict: the opcode wins; then
         # the index wins over the verdict.
         word = bytearray(_instruction(rng, cfg, engine, unit, base=bases, waits=False,
                                       signal_sem=255, verdict=3))
-        first = bytes(word)
-        word[0] = 0xEE
-        return _image(rng, cfg, {pointer: prefix + first + tail}), pointer, bad, \
-            (Fault.BAD_FIELD, at)
+        if case == "priority_opcode":
+            word[0] = 0xEE
+        return _image(rng, cfg, {pointer: prefix + word + tail}), pointer, bad, \
+            (Fault.ILLEGAL_OPCODE if case == "priority_opcode" else Fault.BAD_FIELD, at)
     if case == "check_before_wait":
         # Both would wait for ever; the check faults first.
         word = _instruction(rng, cfg, engine, unit, base=bases, waits=False,
@@ -667,7 +678,7 @@ def _fault_case(rng, cfg, engine, case):
 
 
 FAULT_CASES = ["misaligned", "pointer_past_hbm", "other_engine", "unknown_opcode", "wait_sem",
-               "signal_sem", "unit_fault", "priority", "check_before_wait",
+               "signal_sem", "unit_fault", "priority_opcode", "priority_sem", "check_before_wait",
                "check_before_wait_sem", "slverr", "slverr_after_end", "past_hbm",
                "end_at_hbm_end"]
 
@@ -690,6 +701,8 @@ def test_faults(case):
             stats = _run(cfg, engine, image, [pointer, 0], seed=rng.random(),
                          bad=frozenset(bad - set(range(len(good)))))
             assert [r[0] for r in stats["results"]] == [fault is None, True]
+            if case.startswith("slverr"):
+                assert stats["slverr_beats"] > 0
 
 
 def test_restart_after_end():
