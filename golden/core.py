@@ -24,6 +24,7 @@ import numpy as np
 
 from opentrn import isa
 from opentrn.config import ConfigError
+from opentrn.hdl import host_registers
 from opentrn.hdl.dma import ErrorCode, Space, _addr_bits, buffer_geometry
 
 from . import activation_engine, dma, tensor_engine
@@ -32,8 +33,8 @@ from .psum import PSUM
 __all__ = ["COUNTERS", "Outcome", "Core", "run"]
 
 #: The core's performance counters (docs/registers.md), in register order.
-COUNTERS = ("cycles", "dma_busy", "tensor_busy", "activation_busy", "dma_wait",
-            "tensor_wait", "activation_wait", "dma_bytes", "macs")
+#: The performance counters, named as the host registers name them.
+COUNTERS = tuple(host_registers.COUNTERS)
 
 #: The counters the golden machine computes; the others are timing, known only to the RTL.
 _KNOWN_COUNTERS = ("dma_bytes", "macs")

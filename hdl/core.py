@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 from opentrn.config import ConfigError
 from opentrn.isa import Engine, Fault
 
+from . import host_registers
 from .activation_unit import ActivationUnit
 from .axi4 import READ_MEMBERS, AXI4Signature
 from .axi4_lite import AXI4LiteSignature
@@ -24,8 +25,7 @@ from .tensor_unit import TensorUnit
 __all__ = ["Core", "COUNTERS", "HOST_ADDR_BITS", "AXI_ID_BITS"]
 
 #: The performance counters, in register order (docs/registers.md).
-COUNTERS = ("cycles", "dma_busy", "tensor_busy", "activation_busy", "dma_wait",
-            "tensor_wait", "activation_wait", "dma_bytes", "macs")
+COUNTERS = tuple(host_registers.COUNTERS)
 COUNTER_BITS = 64
 #: The host port's byte address width.
 HOST_ADDR_BITS = 12

@@ -54,15 +54,17 @@ class Register(NamedTuple):
 
 #: The performance counters, in the order of ``HostRegisters.counters`` and of the map.
 COUNTERS = {
-    "cycles": "clock cycles of the run",
-    "dma_busy": "cycles the DMA engine had an instruction in flight",
-    "tensor_busy": "cycles the tensor engine had an instruction in flight",
-    "activation_busy": "cycles the activation engine had an instruction in flight",
-    "dma_wait": "cycles the DMA engine stalled on a semaphore wait",
-    "tensor_wait": "cycles the tensor engine stalled on a semaphore wait",
-    "activation_wait": "cycles the activation engine stalled on a semaphore wait",
-    "dma_bytes": "bytes the DMA engine moved",
-    "macs": "multiply-accumulates the tensor engine performed",
+    "cycles": "cycles of the run, from start to the done or error pulse",
+    "dma_busy": "cycles in which the DMA engine executes a descriptor",
+    "tensor_busy": "cycles in which a moving vector enters the tensor engine's array",
+    "activation_busy": "cycles in which a vector enters the activation engine",
+    "dma_wait": "cycles the DMA sequencer holds a checked instruction whose semaphore wait "
+                "is not met",
+    "tensor_wait": "the same for the tensor sequencer",
+    "activation_wait": "the same for the activation sequencer",
+    "dma_bytes": "bytes of the descriptors that finished without error",
+    "macs": "useful multiply-accumulates: rows x cols of the stationary tile per moving "
+            "vector",
 }
 COUNTERS_BASE = 0x080
 
