@@ -14,7 +14,8 @@ from opentrn.isa import ENGINE_OPCODES, WORD_BYTES, Engine, Fault, Opcode, layou
 from .axi4 import BOUNDARY_BYTES, BURST_INCR, RESP_OKAY, AXI4ReadSignature
 from .semaphores import INDEX_BITS, VALUE_BITS
 
-__all__ = ["Sequencer", "unit_layout", "FETCH_BUFFER_BYTES", "RETIRE_DEPTH", "POINTER_BITS"]
+__all__ = ["Sequencer", "unit_layout", "check_fetch", "FETCH_BUFFER_BYTES", "RETIRE_DEPTH",
+           "POINTER_BITS"]
 
 #: The instruction prefetch buffer: 8 single-word instructions.
 FETCH_BUFFER_BYTES = 8 * WORD_BYTES
@@ -30,7 +31,8 @@ def unit_layout(engine):
             Engine.ACTIVATION: layout(Opcode.ACTIVATE)}[Engine(engine)]
 
 
-def _check_fetch(config):
+def check_fetch(config):
+    """Raise :class:`ConfigError` unless the instruction fetch fits ``dma_bus_bytes``."""
     if not WORD_BYTES % config.dma_bus_bytes == 0:
         raise ConfigError(f"dma_bus_bytes={config.dma_bus_bytes}: the core's instruction "
                           f"fetch needs a bus of at most {WORD_BYTES} bytes (one instruction "
@@ -93,7 +95,7 @@ class Sequencer(wiring.Component):
     """
 
     def __init__(self, *, config, engine):
-        _check_fetch(config)
+        check_fetch(config)
         self._config = config
         self._engine = Engine(engine)
         self._layout = unit_layout(engine)

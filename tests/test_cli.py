@@ -41,6 +41,11 @@ def test_config_file_and_overrides(tmp_path, capsys):
      "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
     (["demo", "--preset", "trn3", "--sim", "icarus"],
      "opentrn demo: error: dtype='bf16': the hardware is built for int8 inputs only"),
+    (["verilog", "--top", "core", "--set", "dma_bus_bytes=64"],
+     "opentrn verilog: error: dma_bus_bytes=64: the core's instruction fetch needs a bus of "
+     "at most 32 bytes"),
+    (["verilog", "--top", "core", "--set", "pe_cols=8"],
+     "opentrn verilog: error: pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
     (["verilog", "--preset", "trn2", "--top", "dma"],
      "opentrn verilog: error: dtype='bf16': the hardware is built for int8 inputs only"),
 ])
