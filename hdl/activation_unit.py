@@ -9,11 +9,11 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from opentrn import isa
-from opentrn.config import Config
 
 from . import psum as psum_mod
 from . import sbuf as sbuf_mod
 from .activation_engine import PARAM_BITS, ActivationEngine
+from .activation_engine import _check_config as check_engine_config
 from .partitioned_memory import (
     read_signature,
     vector_request_layout,
@@ -35,11 +35,7 @@ INT32_BYTES = 4
 
 
 def _check_config(config):
-    if not isinstance(config, Config):
-        raise TypeError(f"config={config!r}: must be an opentrn.config.Config")
-    if config.dtype != "int8":
-        raise ValueError(f"dtype={config.dtype!r}: the activation unit hardware implements "
-                         "the int8 path; the floating-point formats are not built yet")
+    check_engine_config(config)
     if config.pe_cols > config.sbuf_partitions:
         raise ValueError(f"pe_cols={config.pe_cols}: must be at most sbuf_partitions="
                          f"{config.sbuf_partitions} (lane p writes SBUF partition p)")
