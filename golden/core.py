@@ -28,12 +28,11 @@ from opentrn.hdl import host_registers
 from opentrn.hdl.dma import ErrorCode, Space, _addr_bits, buffer_geometry
 
 from . import activation_engine, dma, tensor_engine
-from .psum import PSUM
+from .processing_element import wrap
 
 __all__ = ["COUNTERS", "Outcome", "Core", "run"]
 
 #: The core's performance counters (docs/registers.md), in register order.
-#: The performance counters, named as the host registers name them.
 COUNTERS = tuple(host_registers.COUNTERS)
 
 #: The counters the golden machine computes; the others are timing, known only to the RTL.
@@ -90,8 +89,6 @@ class _Machine:
         self.config = config
         self.images = images
         # The golden PSUM's tensor-engine writes and activation reads, on our image.
-        self.psum = PSUM(config)
-        self.psum.image = images.psum
         self.pcs = [int(p) for p in programs]
         self.finished = [False] * len(isa.Engine)
         self.retired = {engine: 0 for engine in isa.Engine}
@@ -211,12 +208,32 @@ class _Machine:
         n, offset = f["n"], f["sbuf_offset"]
         moving = self.images.sbuf[:cfg.pe_rows, offset:offset + n].view(np.int8)
         out = tensor_engine.matmul(cfg, self.stationary, moving)      # [M, n], wrapped
-        for j in range(n):
-            self.psum.te_write(f["psum_bank"], f["psum_entry"] + j, out[:, j],
-                               f["accumulate"])
+        self._psum_write(f["psum_bank"], f["psum_entry"], out, f["accumulate"])
         rows, cols = self.tile
         self.counters["macs"] += rows * cols * n
         self.load_pending = False
+
+    def _psum_entries(self, bank, entry, n):
+        """The bytes of entries ``entry .. entry + n - 1`` of ``bank`` in every partition:
+        a view of the image, ``[pe_cols, n, 4]``."""
+        first = (bank * self.config.psum_bank_entries + entry) * 4
+        return self.images.psum[:, first:first + 4 * n].reshape(self.config.pe_cols, n, 4)
+
+    def _psum_read(self, bank, entry, n):
+        """``[pe_cols, n]`` entries as ``acc_bits`` signed values (as PSUM's ``act_read``,
+        golden/psum.py, reads one)."""
+        stored = self._psum_entries(bank, entry, n).copy().view("<i4")[..., 0]
+        return wrap(stored.astype(np.int64), self.config.acc_bits)
+
+    def _psum_write(self, bank, entry, values, accumulate):
+        """Tensor-engine results ``[pe_cols, n]`` into consecutive entries (as PSUM's
+        ``te_write`` writes one): overwrite, or add and wrap to ``acc_bits``; stored
+        sign-extended to 32 bits."""
+        n = values.shape[1]
+        if accumulate:
+            values = wrap(self._psum_read(bank, entry, n) + values, self.config.acc_bits)
+        entries = self._psum_entries(bank, entry, n)
+        entries[...] = values.astype("<i4").view(np.uint8).reshape(entries.shape)
 
     # -- activation engine ------------------------------------------------------------------
 
@@ -255,8 +272,7 @@ class _Machine:
             offset = f["src_offset"]
             x = sbuf[:lanes, offset:offset + n].view(np.int8).astype(np.int64)
         else:
-            x = np.stack([self.psum.act_read(f["psum_bank"], f["psum_entry"] + j)
-                          for j in range(n)], axis=1)
+            x = self._psum_read(f["psum_bank"], f["psum_entry"], n)
         y = activation_engine.activate(cfg, x, function=f["function"],
                                        multiplier=f["multiplier"], shift=f["shift"],
                                        bias=bias.astype(np.int64), out_int32=f["out_int32"])

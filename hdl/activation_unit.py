@@ -255,13 +255,13 @@ class ActivationUnit(wiring.Component):
                     m.next = "BIAS_RESPONSE"
             with m.State("BIAS_RESPONSE"):
                 m.d.comb += self.active.eq(1)
-                # The response is valid in this cycle (READ_LATENCY = 1): the int32 of each
-                # lane is 4-aligned within the word.
+                # The int32 of each lane is 4-aligned within the word.
                 slot = ins.bias_offset[2:byte_bits]
-                for p in range(lanes):
-                    word = read_resp.payload.data[p].as_value()
-                    m.d.sync += bias[p].eq(word.word_select(slot, PARAM_BITS))
-                m.next = "STREAM"
+                with m.If(read_resp.valid):
+                    for p in range(lanes):
+                        word = read_resp.payload.data[p].as_value()
+                        m.d.sync += bias[p].eq(word.word_select(slot, PARAM_BITS))
+                    m.next = "STREAM"
             with m.State("STREAM"):
                 m.d.comb += [self.active.eq(1), streaming.eq(1)]
                 with m.If(retire):

@@ -2,7 +2,7 @@
 the host registers; an AXI4 manager to HBM, an AXI4-Lite subordinate for the host and an
 interrupt, ready to drop into an FPGA design."""
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
@@ -31,8 +31,9 @@ COUNTER_BITS = 64
 HOST_ADDR_BITS = 12
 #: AXI IDs: 0 the DMA engine's reads (and all writes), 1 + engine the instruction fetches.
 AXI_ID_BITS = 2
-#: Cycles the deadlock condition must hold: one for the semaphore increments of the cycle
-#: that emptied the last retire queue to show.
+#: Cycles the deadlock condition must hold. One suffices (an instruction's entry stays in
+#: its retire queue, so ``pending``, in the cycle its semaphore increment is made); the
+#: second is a margin that costs one cycle of a faulting run.
 _DEADLOCK_CYCLES = 2
 
 
@@ -96,13 +97,16 @@ class Core(wiring.Component):
         memory = reset_on_soft("memory", MemorySystem(config=cfg))
         units = {
             Engine.DMA: reset_on_soft("dma_unit", DmaUnit(config=cfg)),
-            Engine.TENSOR: reset_on_soft("tensor_unit", TensorUnit(config=cfg)),
+            Engine.TENSOR: TensorUnit(config=cfg),
             Engine.ACTIVATION: reset_on_soft("activation_unit", ActivationUnit(config=cfg)),
         }
         sequencers = {engine: reset_on_soft(f"{engine.name.lower()}_sequencer",
                                             Sequencer(config=cfg, engine=engine))
                       for engine in Engine}
         start = Signal()
+        # The tensor unit's program state (the tile loaded, a load pending) and the weight
+        # banks belong to one run: they restart with it.
+        m.submodules.tensor_unit = ResetInserter(soft_reset | start)(units[Engine.TENSOR])
         semaphores = SemaphoreFile(config=cfg, ports=len(Engine))
         m.submodules.semaphores = ResetInserter(soft_reset | start)(semaphores)
         arbiter = reset_on_soft("read_arbiter", AXI4ReadArbiter(
@@ -135,7 +139,8 @@ class Core(wiring.Component):
 
         # -- engines ------------------------------------------------------------------------
         wiring.connect(m, units[Engine.DMA].descriptor, memory.descriptor)
-        m.d.comb += units[Engine.DMA].dma_done.eq(memory.done)
+        m.d.comb += [units[Engine.DMA].dma_done.eq(memory.done),
+                     units[Engine.DMA].pc.eq(sequencers[Engine.DMA].pc)]
         tensor, activation = units[Engine.TENSOR], units[Engine.ACTIVATION]
         wiring.connect(m, tensor.sbuf_read, memory.sbuf_te_read)
         wiring.connect(m, tensor.psum_write, memory.psum_te_write)
@@ -191,7 +196,7 @@ class Core(wiring.Component):
                 conditions.append((sequencers[engine].error, sequencers[engine].error_code,
                                    int(engine), sequencers[engine].error_pc, 0))
             conditions.append((memory.done & memory.error, Fault.DMA_ERROR, int(Engine.DMA),
-                               sequencers[Engine.DMA].retire_pc, memory.error_code))
+                               units[Engine.DMA].retire_pc, memory.error_code))
             first = True
             for condition, fault_code, engine_number, fault_pc, fault_dma in conditions:
                 with (m.If if first else m.Elif)(condition):
@@ -221,8 +226,9 @@ class Core(wiring.Component):
             m.d.sync += running.eq(0)
         for engine in Engine:
             m.d.comb += sequencers[engine].halt.eq(fault_latched | fault)
-        # A new run clears a DMA error left by the previous one.
-        m.d.comb += memory.clear.eq(start)
+        # After a fault the DMA's error is cleared so that the descriptors already queued
+        # finish (docs/isa.md, "Errors") and the core can go idle.
+        m.d.comb += memory.clear.eq(start | fault_latched)
 
         # -- performance counters -------------------------------------------------------------
         counters = Signal(data.ArrayLayout(COUNTER_BITS, len(COUNTERS)))
@@ -234,9 +240,8 @@ class Core(wiring.Component):
             "dma_wait": sequencers[Engine.DMA].waiting,
             "tensor_wait": sequencers[Engine.TENSOR].waiting,
             "activation_wait": sequencers[Engine.ACTIVATION].waiting,
-            "dma_bytes": units[Engine.DMA].retire_bytes & (
-                units[Engine.DMA].retire & ~memory.error).replicate(
-                    len(units[Engine.DMA].retire_bytes)),
+            "dma_bytes": Mux(units[Engine.DMA].retire & ~memory.error,
+                             units[Engine.DMA].retire_bytes, 0),
             "macs": tensor.macs,
         }
         with m.If(start):

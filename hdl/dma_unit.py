@@ -1,13 +1,14 @@
 """The DMA engine's execution unit in the core: ``DMA`` instructions become descriptors of
 the :class:`~opentrn.hdl.dma.DMA` engine."""
 
-from amaranth import Module, Signal
+from amaranth import Cat, Module, Signal
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from opentrn.isa import Fault, Opcode, layout
 
 from .dma import QUEUE_DEPTH, SIZE_BITS, _addr_bits, descriptor_layout
+from .sequencer import POINTER_BITS
 
 __all__ = ["DmaUnit", "BYTES_BITS"]
 
@@ -37,14 +38,17 @@ class DmaUnit(wiring.Component):
         code, combinationally (0 when it is fine).
     retire : ``Out(1)``
         Pulses when a descriptor finishes (with or without error), in order.
-    retire_bytes : ``Out(BYTES_BITS)``
-        In a ``retire`` cycle: the bytes the finishing descriptor moves.
+    retire_bytes : ``Out(BYTES_BITS)``, ``retire_pc`` : ``Out(POINTER_BITS)``
+        In a ``retire`` cycle: the bytes the finishing descriptor moves, and the address of
+        its instruction.
     active : ``Out(1)``
         A descriptor has been accepted and has not finished.
     descriptor : ``Out(stream.Signature(descriptor_layout(config)))``
         To the DMA engine.
     dma_done : ``In(1)``
         The DMA engine's ``done``.
+    pc : ``In(POINTER_BITS)``
+        The address of the instruction on ``instruction`` (kept with it until it retires).
     """
 
     def __init__(self, *, config):
@@ -56,10 +60,10 @@ class DmaUnit(wiring.Component):
             "check_valid": In(1),
             "fault": Out(3),
             "retire": Out(1),
-            "retire_bytes": Out(BYTES_BITS),
+            "retire_bytes": Out(BYTES_BITS), "retire_pc": Out(POINTER_BITS),
             "active": Out(1),
             "descriptor": Out(stream.Signature(descriptor_layout(config))),
-            "dma_done": In(1),
+            "dma_done": In(1), "pc": In(POINTER_BITS),
         })
 
     def elaborate(self, platform):
@@ -86,15 +90,18 @@ class DmaUnit(wiring.Component):
         # The byte count of each accepted descriptor waits in a FIFO for its finish.
         # Unbuffered: an entry is readable the cycle after it is written, whenever the
         # descriptor finishes.
-        m.submodules.sizes = sizes = fifo.SyncFIFO(width=BYTES_BITS, depth=_IN_FLIGHT)
+        m.submodules.sizes = sizes = fifo.SyncFIFO(width=BYTES_BITS + POINTER_BITS,
+                                                   depth=_IN_FLIGHT)
         m.d.comb += [
             self.descriptor.valid.eq(self.instruction.valid & sizes.w_rdy),
             self.instruction.ready.eq(self.descriptor.ready & sizes.w_rdy),
             sizes.w_en.eq(self.instruction.valid & self.instruction.ready),
-            sizes.w_data.eq((source.n0 << source.elem_log2) * source.n1 * source.n2),
+            sizes.w_data.eq(Cat((source.n0 << source.elem_log2) * source.n1 * source.n2,
+                                self.pc)),
             sizes.r_en.eq(self.dma_done),
             self.retire.eq(self.dma_done),
-            self.retire_bytes.eq(sizes.r_data),
+            self.retire_bytes.eq(sizes.r_data[:BYTES_BITS]),
+            self.retire_pc.eq(sizes.r_data[BYTES_BITS:]),
             self.active.eq(sizes.level != 0),
         ]
         return m

@@ -90,7 +90,8 @@ def _registers():
             Field("semaphores", 0, 16, "`Config.semaphores`: hardware semaphores"),
             Field("dma_bus_bytes", 16, 16, "`Config.dma_bus_bytes`: AXI4 data bytes"))),
         "CONTROL": Register(0x010, "WO", "run control (bits pulse; reads as 0)", "0", (
-            Field("start", 0, 1, "1: start a run (ignored while `STATUS.busy`; also clears "
+            Field("start", 0, 1, "1: start a run (ignored while `STATUS.busy` or not "
+                  "`STATUS.idle`; also clears "
                   "`STATUS.done` and `STATUS.error`)"),
             Field("soft_reset", 1, 1, "1: reset the core's engines, counters and semaphores; "
                   "clears `STATUS.done`, `STATUS.error` and `IRQ_STATUS` (wins over `start` "
@@ -354,7 +355,7 @@ class HostRegisters(wiring.Component):
             soft_reset_now.eq(write & (aw_addr == control.offset // WORD_BYTES)
                               & strobed[reset_bit]),
             start_now.eq(write & (aw_addr == control.offset // WORD_BYTES) & strobed[start_bit]
-                         & ~self.busy & ~soft_reset_now),
+                         & ~self.busy & self.idle & ~soft_reset_now),
         ]
         m.d.sync += [self.start.eq(start_now), self.soft_reset.eq(soft_reset_now)]
 

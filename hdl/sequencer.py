@@ -154,7 +154,8 @@ class Sequencer(wiring.Component):
         issued = Signal(range(burst_beats + 1))
         with m.If(take_ar):
             m.d.sync += ar_valid.eq(0)
-        with m.If(~ar_valid & fetching & room & (fetch_addr < cfg.hbm_bytes)):
+        # Halted (a fault elsewhere): no new burst, so the core can go idle and stay idle.
+        with m.If(~ar_valid & fetching & ~self.halt & room & (fetch_addr < cfg.hbm_bytes)):
             m.d.sync += [
                 ar_valid.eq(1), ar_addr.eq(fetch_addr), ar_len.eq(length - 1),
                 fetch_addr.eq(fetch_addr + length * bus_bytes),

@@ -21,16 +21,18 @@ class CoreRunError(RuntimeError):
     """The simulation itself failed (a hang caught by the watchdog, a testbench error)."""
 
 
-def watchdog_cycles(hbm, programs):
-    """A generous bound on the cycles of a run: every byte of the image fetched or moved
-    a few times over, plus a fixed margin. A run that takes longer has hung."""
-    return 50_000 + 8 * int(len(hbm))
+def watchdog_cycles(hbm):
+    """A generous bound on the cycles of a run: every non-zero byte of the image (the
+    programs and the inputs) fetched or moved a few times over, plus a fixed margin. A run
+    that takes longer has hung."""
+    return 50_000 + 8 * int(np.count_nonzero(hbm))
 
 
 def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure=0.0,
                seed=1, watchdog=None, progress=None):
     """Run each job ``(hbm, programs)`` (an HBM image from address 0 and three program
-    pointers) on the core in one simulation, one after another with a soft reset between;
+    pointers; a third item ``{"soft_reset": False}`` starts it without the soft reset that
+    otherwise comes first) on the core in one simulation, one after another;
     return one :class:`Outcome` per job (its ``hbm`` the image's length of HBM after the run;
     ``counters`` the hardware's) and the :class:`~opentrn.sim.runner.SimResult`, whose
     ``reports`` hold each job's status and timing. ``watchdog`` (cycles) overrides
@@ -39,12 +41,13 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
     with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
         folder = Path(folder)
         specs = []
-        for index, (hbm, programs) in enumerate(jobs):
+        for index, (hbm, programs, *options) in enumerate(jobs):
             hbm = np.asarray(hbm, dtype=np.uint8)
             image = folder / f"image{index}.npz"
             np.savez(image, hbm=hbm, programs=np.array(programs, dtype=np.uint64))
             specs.append({"image": str(image), "result": str(folder / f"result{index}.npz"),
-                          "watchdog": watchdog or watchdog_cycles(hbm, programs)})
+                          "watchdog": watchdog or watchdog_cycles(hbm),
+                          **(options[0] if options else {})})
         result = runner.run(config, "opentrn.sim.tb_core", "core", sim, env={
             "OPENTRN_JOBS": json.dumps(specs),
             "OPENTRN_LATENCY": ",".join(str(int(x)) for x in latency),

@@ -28,7 +28,7 @@ from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
 from opentrn.hdl.core import COUNTERS
-from opentrn.hdl.host_registers import REGISTERS
+from opentrn.hdl.host_registers import REGISTERS, unpack
 from opentrn.isa import Engine
 
 from . import harness
@@ -37,18 +37,18 @@ from .hbm import HbmModel
 # cocotbext-axi 0.1.28 still calls cocotb 1 APIs that cocotb 2 deprecates.
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"cocotbext\.axi")
 
-CONTROL_START, CONTROL_SOFT_RESET = 1, 2
-IRQ_DONE, IRQ_ERROR = 1, 2
+def _bits(register, *names):
+    """The value with the 1-bit fields ``names`` of ``register`` set."""
+    fields = {f.name: f for f in REGISTERS[register].fields}
+    return sum(1 << fields[name].lsb for name in names)
+
+
+CONTROL_START, CONTROL_SOFT_RESET = _bits("CONTROL", "start"), _bits("CONTROL", "soft_reset")
+IRQ_BOTH = _bits("IRQ_STATUS", "done", "error")
 
 
 def offset(name):
-    return REGISTERS[name][0] if isinstance(REGISTERS[name], tuple) else REGISTERS[name].offset
-
-
-def decode_status(value):
-    return {"busy": value & 1, "idle": (value >> 1) & 1, "done": (value >> 2) & 1,
-            "error": (value >> 3) & 1, "error_code": (value >> 4) & 7,
-            "error_engine": (value >> 8) & 3, "dma_error_code": (value >> 12) & 15}
+    return REGISTERS[name].offset
 
 
 class Host:
@@ -104,20 +104,18 @@ async def run_jobs(dut):
     # cocotbext-axi logs every register access at INFO: thousands of lines per run.
     logging.getLogger(f"cocotb.{dut._name}.host_").setLevel(logging.WARNING)
     await harness.reset(dut)
-    used = 0
     for index, job in enumerate(jobs):
         image = np.load(job["image"])
         hbm_image, programs = image["hbm"], [int(p) for p in image["programs"]]
-        await host.write("CONTROL", CONTROL_SOFT_RESET)
+        if job.get("soft_reset", True):
+            await host.write("CONTROL", CONTROL_SOFT_RESET)
+        # Each job sees a fresh HBM: its image, zeros beyond.
+        hbm.write(0, bytes(hbm.size))
         hbm.write(0, hbm_image.tobytes())
-        # What the previous job left beyond this image is cleared: each job sees a fresh HBM.
-        if used > len(hbm_image):
-            hbm.write(len(hbm_image), bytes(used - len(hbm_image)))
-        used = len(hbm_image)
         for engine, pointer in zip(Engine, programs, strict=True):
             await host.write64(f"{engine.name}_PROGRAM", pointer)
-        await host.write("IRQ_STATUS", IRQ_DONE | IRQ_ERROR)
-        await host.write("IRQ_ENABLE", IRQ_DONE | IRQ_ERROR)
+        await host.write("IRQ_STATUS", IRQ_BOTH)
+        await host.write("IRQ_ENABLE", IRQ_BOTH)
         wall = time.monotonic()
         started = get_sim_time("step")
         await host.write("CONTROL", CONTROL_START)
@@ -126,18 +124,18 @@ async def run_jobs(dut):
             fired = await First(RisingEdge(dut.irq),
                                 Timer(watchdog * harness.CLOCK_PERIOD_NS, unit="ns"))
             if not dut.irq.value:
-                status = decode_status(await host.read("STATUS"))
+                status = unpack("STATUS", await host.read("STATUS"))
                 counters = {name: await host.read64(name.upper()) for name in COUNTERS}
                 raise AssertionError(
                     f"job {index}: no interrupt within {watchdog} cycles ({fired}); "
                     f"status {status}; counters {counters}\n{await _engine_states(dut)}")
         wall = time.monotonic() - wall
-        status = decode_status(await host.read("STATUS"))
+        status = unpack("STATUS", await host.read("STATUS"))
         error_pc = await host.read64("ERROR_PC")
         counters = {name: await host.read64(name.upper()) for name in COUNTERS}
         irq_status = await host.read("IRQ_STATUS")
-        for _ in range(watchdog):
-            if decode_status(await host.read("STATUS"))["idle"]:
+        for _ in range(watchdog // 16 + 1):
+            if unpack("STATUS", await host.read("STATUS"))["idle"]:
                 break
             await ClockCycles(dut.clk, 16)
         else:

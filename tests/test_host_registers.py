@@ -120,6 +120,7 @@ def run(bench, *, seed=1, cfg=CFG):
     finished = []
 
     async def testbench(ctx):
+        ctx.set(dut.idle, 1)          # a core at rest: nothing in flight
         host = Manager(ctx, dut, random.Random(seed))
         await bench(ctx, dut, host)
         finished.append(host)
@@ -231,6 +232,16 @@ def test_control_pulses():
         assert await host.write(control, 1) == RESP_OKAY
         await host.tick(2)
         assert host.pulses("start", mark) == 0
+
+        # Ignored while not idle (instructions of a faulted run still draining), still OKAY.
+        ctx.set(dut.busy, 0)
+        ctx.set(dut.idle, 0)
+        mark = len(host.trace)
+        assert await host.write(control, 1) == RESP_OKAY
+        await host.tick(2)
+        assert host.pulses("start", mark) == 0
+        ctx.set(dut.idle, 1)
+        ctx.set(dut.busy, 1)
 
         # soft_reset pulses even while busy, and wins over a start in the same write.
         mark = len(host.trace)

@@ -67,6 +67,11 @@ def _fault_jobs(cfg):
     hardware can meet in a test, each with the rest of the program legal."""
     load = encode(Opcode.LOAD_STATIONARY, rows=cfg.pe_rows, cols=cfg.pe_cols)
     sbuf_bytes = cfg.sbuf_bytes_per_partition
+    # HBM -> SBUF, 64 bytes to each partition: fine on its own.
+    dma_in = encode(Opcode.DMA, n0=64, n1=cfg.sbuf_partitions, n2=1, src_addr=0x3800,
+                    src_stride1=64, dst_space=1, dst_pstep1=1)
+    refused = encode(Opcode.DMA, n0=0, n1=1, n2=1, dst_space=1)     # ZERO_SIZE
+    nop = encode(Opcode.NOP)
     jobs = [
         ("tensor opcode on the DMA stream", _image((_stream(load, END), END, END)),
          Fault.ILLEGAL_OPCODE),
@@ -85,9 +90,21 @@ def _fault_jobs(cfg):
         ("activation past the PSUM bank", _image((END, END, _stream(encode(
             Opcode.ACTIVATE, n=2, psum_entry=cfg.psum_bank_entries - 1), END))),
          Fault.OUT_OF_RANGE),
-        ("DMA of zero bytes", _image((_stream(encode(Opcode.DMA, n0=0, n1=1, n2=1,
-                                                     dst_space=1), END), END, END)),
-         Fault.DMA_ERROR),
+        ("DMA of zero bytes", _image((_stream(refused, END), END, END)), Fault.DMA_ERROR),
+        # The refused descriptor's own address, though NOPs completed after the one before.
+        ("DMA error after NOPs", _image((_stream(dma_in, nop, nop, nop, refused, END), END,
+                                         END)), Fault.DMA_ERROR),
+        # Descriptors queued behind the refused one still run, and the core goes idle.
+        ("DMA error with more queued", _image((_stream(refused, dma_in, dma_in, END), END,
+                                               END)), Fault.DMA_ERROR),
+        ("DMA address wider than the build", _image((_stream(encode(
+            Opcode.DMA, n0=1, n1=1, n2=1, src_addr=1 << 47, dst_space=1), END), END, END)),
+         Fault.OUT_OF_RANGE),
+        ("load after load", _image((END, _stream(load, load, END), END)), Fault.BAD_FIELD),
+        ("BAD_FIELD before OUT_OF_RANGE", _image((END, _stream(load, encode(
+            Opcode.MATMUL, n=0, psum_bank=cfg.psum_banks), END), END)), Fault.BAD_FIELD),
+        ("int32 activation output misaligned", _image((END, END, _stream(encode(
+            Opcode.ACTIVATE, n=1, out_int32=1, dst_offset=2), END))), Fault.BAD_FIELD),
         ("DMA past HBM", _image((_stream(encode(
             Opcode.DMA, n0=64, n1=1, n2=1, src_addr=cfg.hbm_bytes - 8, dst_space=1), END),
             END, END)), Fault.DMA_ERROR),
@@ -103,7 +120,6 @@ def _fault_jobs(cfg):
          Fault.FETCH_ERROR),
     ]
     # A stream that runs off the end of HBM (a NOP in the last 32 bytes, then nothing).
-    hbm, pointers = _image((END, END, END))
     hbm = np.zeros(cfg.hbm_bytes, np.uint8)
     last = cfg.hbm_bytes - isa.WORD_BYTES
     hbm[last:] = np.frombuffer(encode(Opcode.NOP), np.uint8)
@@ -148,6 +164,8 @@ def test_core_runs_kernels_and_faults_like_the_golden_machine(sim):
         assert reference.fault == fault, (label, reference)
         assert (outcome.fault, outcome.engine, outcome.pc, outcome.dma_error_code) == \
             (reference.fault, reference.engine, reference.pc, reference.dma_error_code), label
+        # None of these programs writes HBM before its fault: the RTL did not either.
+        assert np.array_equal(outcome.hbm, reference.hbm[:len(hbm)]), label
 
 
 @pytest.mark.sim
@@ -201,3 +219,25 @@ def test_watchdog_turns_a_hang_into_a_failure_with_the_engine_states():
     assert "no interrupt within 50 cycles" in log
     for engine in ("DMA", "TENSOR", "ACTIVATION"):
         assert f"{engine}: {{'pc':" in log
+
+
+@pytest.mark.sim
+def test_a_run_does_not_inherit_the_previous_runs_tile():
+    """Runs back to back without a soft reset (only a fault needs one): a run that ends
+    with a loaded tile not yet used, then a kernel whose first instruction is a load (which
+    the previous tile would make a load-after-load fault), then a matmul before any load
+    (which the previous tile would let through)."""
+    sim = runner.long_run_simulator()
+    require_simulator(sim)
+    load = encode(Opcode.LOAD_STATIONARY, rows=TINY.pe_rows, cols=TINY.pe_cols)
+    matmul = encode(Opcode.MATMUL, n=1)
+    leaves_a_tile = _image((END, _stream(load, matmul, load, END), END))
+    matmul_first = _image((END, _stream(matmul, END), END))
+    _, program, expected = _kernel_jobs(TINY)[2]
+    outcomes, _ = run_images(TINY, [
+        leaves_a_tile, (program.hbm, program.programs, {"soft_reset": False}),
+        (*matmul_first, {"soft_reset": False})], sim=sim)
+    assert outcomes[0].fault == Fault.NONE
+    assert outcomes[1].fault == Fault.NONE
+    assert np.array_equal(program.read_outputs(outcomes[1].hbm)["c"], expected["c"])
+    assert (outcomes[2].fault, outcomes[2].pc) == (Fault.BAD_FIELD, 0x2000)

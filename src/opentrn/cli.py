@@ -66,6 +66,16 @@ def _cmd_verilog(args):
     return 0
 
 
+def _preset_label(args):
+    """The preset a run's configuration comes from, and whether a file or overrides changed
+    it: ``tiny``, ``small + overrides``."""
+    base = args.preset
+    if base is None and args.file:
+        base = configuration.load_file(args.file).get("preset")
+    label = base or "tiny"
+    return f"{label} + overrides" if args.file or args.overrides else label
+
+
 def _positive(name, value):
     if value < 1:
         raise ConfigError(f"{name}={value}: must be at least 1")
@@ -113,7 +123,7 @@ def _run_kernel(args):
     from opentrn.hdl import check
     from opentrn.isa import Fault
     from opentrn.sim import runner
-    from opentrn.sim.core import run_programs
+    from opentrn.sim.core import CoreRunError, run_programs
     cfg = _config(args)
     check("core", cfg)
     sim = args.sim or runner.default_simulator()
@@ -124,7 +134,12 @@ def _run_kernel(args):
     label, program, expected = _build_kernel(args, cfg)
     progress(f"built {label}: {sum(program.instruction_counts.values())} instructions")
     reference = GoldenCore(cfg).run(program.hbm, program.programs)
-    (outcome,), result = run_programs([program], sim=sim, vcd=args.waves, progress=progress)
+    try:
+        (outcome,), result = run_programs([program], sim=sim, vcd=args.waves,
+                                          progress=progress)
+    except CoreRunError as exc:
+        print(f"opentrn {args.command}: FAIL: {exc}", file=sys.stderr)
+        return 1
     progress("done")
     outputs = program.read_outputs(outcome.hbm)
     mismatches = sum(int(np.count_nonzero(outputs[name] != value))
@@ -136,7 +151,7 @@ def _run_kernel(args):
     report = {
         "passed": outcome.fault == Fault.NONE and mismatches == 0 and golden_mismatches == 0,
         "kernel": label,
-        "preset": args.preset or "tiny",
+        "preset": _preset_label(args),
         "sim": sim,
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
         "dtype": cfg.dtype,

@@ -39,6 +39,7 @@ import numpy as np
 
 from opentrn import isa
 from opentrn.config import Config
+from opentrn.hdl.dma import _addr_bits
 
 __all__ = ["Kernel", "KernelError", "KernelRunError", "Program", "Tensor", "SbufTile",
            "PsumTile", "View", "Pattern", "golden_backend", "PROGRAM_ALIGN", "TENSOR_ALIGN",
@@ -386,7 +387,8 @@ class Program:
         if check and outcome.fault != isa.Fault.NONE:
             raise KernelRunError(
                 f"{self.name}: the run ended with {isa.Fault(outcome.fault).name} on engine "
-                f"{outcome.engine!r} at pc={outcome.pc} (dma_error_code="
+                f"{getattr(outcome.engine, 'name', outcome.engine)} at pc={outcome.pc} "
+                f"(dma_error_code="
                 f"{outcome.dma_error_code})", outcome)
         return self.read_outputs(outcome.hbm), outcome
 
@@ -465,6 +467,8 @@ class Kernel:
         self._psum_live = {}      # tile index -> (bank, e0, e1)
         self._next_tile = 0
         self._sbuf_align = max(4, config.dma_bus_bytes)
+        # DMA addresses and strides must fit the build's descriptor fields (docs/isa.md).
+        self._addr_limit = 1 << _addr_bits(config)
         self._stationary = None   # rows of the latest LOAD_STATIONARY, None before any
         self._load_pending = False
         self.macs = 0
@@ -698,6 +702,7 @@ class Kernel:
         n0 = _int("n0", n0, 1, _SIZE_MAX)
         n1 = _int("n1", n1, 1, _SIZE_MAX)
         n2 = _int("n2", n2, 1, _SIZE_MAX)
+        elem_bytes = _int("elem_bytes", elem_bytes, 1, 8)
         if elem_bytes not in (1, 2, 4, 8):
             _fail("elem_bytes", elem_bytes, "must be 1, 2, 4 or 8")
         row = n0 * elem_bytes
@@ -710,6 +715,9 @@ class Kernel:
             self._check_live(prefix, View(base, 0, 1, 0, 1))
             for name in ("offset", "stride1", "stride2", "partition", "pstep1", "pstep2"):
                 _int(f"{prefix}.{name}", getattr(pattern, name), 0)
+            for name in ("stride1", "stride2"):
+                # Even a stride of an axis of length 1 is a field the hardware checks.
+                _int(f"{prefix}.{name}", getattr(pattern, name), 0, self._addr_limit - 1)
             last_byte = (pattern.offset + row - 1 + (n1 - 1) * pattern.stride1
                          + (n2 - 1) * pattern.stride2)
             last_part = (pattern.partition + (n1 - 1) * pattern.pstep1
@@ -720,9 +728,11 @@ class Kernel:
                 _fail(f"{prefix} pattern", pattern, f"reaches byte {last_byte} of "
                       f"{_describe(base)}, which has {size}")
             if space == 0:
-                if pattern.partition or pattern.pstep1 or pattern.pstep2:
-                    _fail(f"{prefix}.partition", pattern.partition,
-                          "an HBM side has no partitions: partition, pstep1, pstep2 must be 0")
+                for name in ("partition", "pstep1", "pstep2"):
+                    if getattr(pattern, name):
+                        _fail(f"{prefix}.{name}", getattr(pattern, name),
+                              "an HBM side has no partitions: partition, pstep1, pstep2 "
+                              "must be 0")
                 rect = self._hbm_rect(base, pattern, row, n1, n2)
                 start = _HbmAddr(base.index, pattern.offset)
                 extent = (space, base.index, pattern.offset, last_byte, (0, 0))
@@ -845,7 +855,7 @@ class Kernel:
         src = _as_view("src", src, (SbufTile, PsumTile))
         self._check_live("dst", dst)
         self._check_live("src", src)
-        if function not in FUNCTIONS:
+        if not isinstance(function, str) or function not in FUNCTIONS:
             _fail("function", function, f"must be one of {', '.join(FUNCTIONS)}")
         if out not in ("int8", "int32"):
             _fail("out", out, "must be 'int8' or 'int32'")

@@ -95,7 +95,8 @@ def _requant(name, value):
     for part, v, lo, hi in (("multiplier", multiplier, -(1 << 31), (1 << 31) - 1),
                             ("shift", shift, 0, 63)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or not lo <= v <= hi:
-            raise KernelError(f"{name} {part}={v!r}: must be an integer in [{lo}, {hi}]")
+            prefix = f"{name} " if name else ""
+            raise KernelError(f"{prefix}{part}={v!r}: must be an integer in [{lo}, {hi}]")
     return int(multiplier), int(shift)
 
 
@@ -388,7 +389,7 @@ def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int, shift: int,
     2**shift)))``, int8, with ``C = A @ B`` as :func:`gemm` and ``bias`` int32 ``[M]``:
     exactly one ``ACTIVATE`` (relu, int8 output) per PSUM bank.
     Returns ``(program, {"y": expected})``."""
-    multiplier, shift = _requant("(multiplier, shift)", (multiplier, shift))
+    multiplier, shift = _requant(None, (multiplier, shift))
     return _gemm(config, a_t, b, name=name, bias=bias, multiplier=multiplier, shift=shift,
                  relu=True, out="int8")
 
@@ -397,9 +398,9 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant, out: str = "int8",
         name: str = "mlp") -> tuple[Program, dict]:
     """A 2-layer MLP in feature-major layout (features on the partitions):
 
-    * ``h_t[hidden, batch] = sat8(relu(rhe((w1.T @ x_t) * m1 + b1) / 2**s1))``, kept in the
+    * ``h_t[hidden, batch] = sat8(relu(rhe(((w1.T @ x_t) * m1 + b1) / 2**s1)))``, kept in the
       SBUF as the moving data of layer 2 (one K tile per PSUM M tile: ``pe_cols`` rows);
-    * ``out_t[d_out, batch] = sat(rhe((w2.T @ h_t) * m2 + b2) / 2**s2)``, int8 or int32
+    * ``out_t[d_out, batch] = sat(rhe(((w2.T @ h_t) * m2 + b2) / 2**s2))``, int8 or int32
       (``out``), written to HBM.
 
     ``x_t`` ``[d_in, batch]``, ``w1`` ``[d_in, hidden]``, ``w2`` ``[hidden, d_out]`` int8;
