@@ -23,3 +23,9 @@ def require_simulator(sim):
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"{sim} is required in CI: {reason}")
     pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the simulator tests first: they take minutes where the others take seconds, so
+    started last they would leave one test worker busy while the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("sim") is None)

@@ -11,6 +11,7 @@ from opentrn.sim import runner
 from .conftest import require_simulator
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("top", list(TOPS))
 @pytest.mark.parametrize("name", ["tiny", "small", "fpga"])
 def test_verilog_lints_clean(name, top, tmp_path):
