@@ -69,9 +69,9 @@ def saturate(config, a, out_int32):
 
 
 def _check(config, x, function, multiplier, shift, bias, out_int32):
-    if config.dtype != "int8":
-        raise ValueError(f"dtype={config.dtype!r}: the activation engine model covers the "
-                         "int8 path")
+    if "int8" not in config.dtypes:
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: the activation engine model "
+                         "covers the int8 path (dtypes must include int8)")
     if not _is_int(function) or int(function) not in FUNCTIONS:
         raise ValueError(f"function={function!r}: must be one of "
                          + ", ".join(f"{code} ({name})" for code, name in FUNCTIONS.items()))

@@ -287,8 +287,9 @@ class Core:
     """The golden core of ``config`` (int8 path)."""
 
     def __init__(self, config):
-        if config.dtype != "int8":
-            raise ConfigError(f"dtype={config.dtype!r}: the golden core covers the int8 path")
+        if "int8" not in config.dtypes:
+            raise ConfigError(f"dtypes={','.join(config.dtypes)}: the golden core covers the "
+                              "int8 path (dtypes must include int8)")
         if config.pe_cols > config.sbuf_partitions:
             raise ConfigError(f"pe_cols={config.pe_cols}: the core requires pe_cols <= "
                               f"sbuf_partitions={config.sbuf_partitions} (one activation "

@@ -20,7 +20,7 @@ def _check(config, name, array, rows, cols_max):
     if array.ndim != 2 or array.shape[0] != rows or not 1 <= array.shape[1] <= cols_max:
         raise ValueError(f"{name} has shape {array.shape}: must be ({rows}, 1..{cols_max})")
     if array.size and (array.min() < lo or array.max() > hi):
-        raise ValueError(f"{name} has values outside {config.dtype} range [{lo}, {hi}]")
+        raise ValueError(f"{name} has values outside int8 range [{lo}, {hi}]")
     return array.astype(np.int64)
 
 

@@ -28,9 +28,9 @@ STAGES = 4
 def _check_config(config):
     if not isinstance(config, Config):
         raise TypeError(f"config={config!r}: must be an opentrn.config.Config")
-    if config.dtype != "int8":
-        raise ValueError(f"dtype={config.dtype!r}: the activation engine hardware implements "
-                         "the int8 path; the floating-point formats are not built yet")
+    if config.dtypes != ("int8",):
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: the activation engine hardware "
+                         "implements the int8 path; the floating-point formats are not built yet")
 
 
 def params_layout(config):

@@ -11,9 +11,9 @@ __all__ = ["TensorEngine", "stationary_layout", "moving_layout", "result_layout"
 
 
 def _element_shape(config):
-    if config.dtype != "int8":
-        raise ValueError(f"dtype={config.dtype!r}: the tensor engine hardware implements int8 "
-                         "inputs; the floating-point formats are not built yet")
+    if config.dtypes != ("int8",):
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: the tensor engine hardware "
+                         "implements int8 inputs; the floating-point formats are not built yet")
     return signed(config.in_bits)
 
 
@@ -80,7 +80,7 @@ class TensorEngine(wiring.Component):
     """
 
     def __init__(self, *, config):
-        if config.dtype != "int8":
+        if config.dtypes != ("int8",):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
         self._config = config
         super().__init__({

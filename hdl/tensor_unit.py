@@ -234,9 +234,9 @@ class TensorUnit(wiring.Component):
     """
 
     def __init__(self, *, config):
-        if config.dtype != "int8":
+        if config.dtypes != ("int8",):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise ValueError(f"dtype={config.dtype!r}: the tensor unit drives the int8 "
+            raise ValueError(f"dtypes={','.join(config.dtypes)}: the tensor unit drives the int8 "
                              "tensor engine; the floating-point formats are not built yet")
         self._config = config
         partitions, word_bytes, depth = sbuf.geometry(config)

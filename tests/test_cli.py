@@ -16,7 +16,7 @@ def test_config_prints_toml_and_json(capsys):
     assert main(["config", "--preset", "trn3"]) == 0
     printed = tomllib.loads(capsys.readouterr().out)
     assert printed["pe_rows"] == printed["pe_cols"] == 128
-    assert printed == config.preset("trn3").to_dict()
+    assert config.Config.from_dict(printed) == config.preset("trn3")
     assert main(["config", "--set", "pe_rows=8", "--set", "sbuf_partitions=8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["pe_rows"] == 8
 
@@ -40,14 +40,16 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["run", "gemm", "--set", "pe_rows=8", "--sim", "icarus"],
      "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
     (["demo", "--preset", "trn3", "--sim", "icarus"],
-     "opentrn demo: error: dtype='bf16': the hardware is built for int8 inputs only"),
+     "opentrn demo: error: dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: the hardware is "
+     "built for int8 inputs only"),
     (["verilog", "--top", "core", "--set", "dma_bus_bytes=64"],
      "opentrn verilog: error: dma_bus_bytes=64: the core's instruction fetch needs a bus of "
      "at most 32 bytes"),
     (["verilog", "--top", "core", "--set", "pe_cols=8"],
      "opentrn verilog: error: pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
     (["verilog", "--preset", "trn2", "--top", "dma"],
-     "opentrn verilog: error: dtype='bf16': the hardware is built for int8 inputs only"),
+     "opentrn verilog: error: dtypes=bf16,fp8e4m3,fp8e5m2: the hardware is built for int8 "
+     "inputs only"),
 ])
 def test_errors_exit_2_and_name_the_field(argv, message, capsys):
     assert main(argv) == 2

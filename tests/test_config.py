@@ -63,7 +63,8 @@ def test_resolution_order(tmp_path):
 
 def test_override_parsing():
     cfg = config.resolve("tiny", overrides=["clock_hz=2.4e9", "hbm_bytes=0x200000",
-                                             "link_bytes_per_s=1e9", "dtype=int8"])
+                                             "link_bytes_per_s=1e9", "dtypes=int8,bf16"])
+    assert cfg.dtypes == ("int8", "bf16") and cfg.in_bits == 16
     assert cfg.clock_hz == 2_400_000_000 and isinstance(cfg.clock_hz, int)
     assert cfg.hbm_bytes == 2 * 2**20
     assert cfg.link_bytes_per_s == 1e9
@@ -73,7 +74,11 @@ def test_override_parsing():
     ("pe_rows=6", "pe_rows=6: must be a power of two between 2 and 256"),
     ("pe_cols=512", "pe_cols=512: must be a power of two between 2 and 256"),
     ("pe_rows=1", "pe_rows=1: must be a power of two"),
-    ("dtype=int4", "dtype='int4': must be one of int8, bf16, fp8e4m3, fp8e5m2"),
+    ("dtypes=int4", "dtypes=('int4',): must be a non-empty list of int8, bf16, fp8e4m3, "
+                    "fp8e5m2, mxfp8e4m3, mxfp8e5m2"),
+    ("dtypes=", "dtypes=(): must be a non-empty list of"),
+    ("dtypes=bf16,bf16", "dtypes=('bf16', 'bf16'): must not repeat a format"),
+    ("dtype=int8", "dtype: unknown configuration key; it is now dtypes"),
     ("acc_bits=12", "acc_bits=12: must be between 16"),
     ("acc_bits=33", "acc_bits=33: must be between 16"),
     ("moving_max=0", "moving_max=0: must be between 1 and psum_bank_entries=16"),
@@ -100,10 +105,20 @@ def test_errors_name_the_field_value_and_rule(override, message):
     assert message in str(info.value)
 
 
-def test_dtype_needs_fp32_accumulation():
+def test_float_dtypes_need_fp32_accumulation():
     with pytest.raises(ConfigError, match="acc_bits=16: must be 32 .FP32 accumulation. "
-                                          "for dtype=bf16"):
-        config.resolve("tiny", overrides=["dtype=bf16", "acc_bits=16"])
+                                          "when dtypes includes bf16"):
+        config.resolve("tiny", overrides=["dtypes=int8,bf16", "acc_bits=16"])
+    assert config.resolve("tiny", overrides=["dtypes=int8", "acc_bits=16"]).acc_bits == 16
+
+
+def test_dtypes_round_trip_through_toml_and_json(tmp_path):
+    cfg = config.preset("trn3")
+    path = tmp_path / "trn3.toml"
+    path.write_text(cfg.to_toml())
+    assert 'dtypes = ["bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2"]' in cfg.to_toml()
+    assert config.resolve("tiny", path) == cfg
+    assert config.Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 def test_bad_types_and_keys_from_python():

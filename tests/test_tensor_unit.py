@@ -353,5 +353,5 @@ def test_no_two_loads_without_a_matmul_between():
 
 
 def test_refuses_floating_point():
-    with pytest.raises(ValueError, match="dtype='bf16'"):
-        TensorUnit(config=TINY.replace(dtype="bf16", acc_bits=32))
+    with pytest.raises(ValueError, match="dtypes=bf16: the tensor unit drives the int8"):
+        TensorUnit(config=TINY.replace(dtypes=("bf16",), acc_bits=32))

@@ -56,7 +56,8 @@ def _cmd_verilog(args):
     from opentrn.sim.runner import verilog_source
     cfg = _config(args)
     progress = _Progress()
-    progress(f"generating Verilog for {args.top} ({cfg.pe_rows}x{cfg.pe_cols}, {cfg.dtype})")
+    formats = "/".join(cfg.dtypes)
+    progress(f"generating Verilog for {args.top} ({cfg.pe_rows}x{cfg.pe_cols}, {formats})")
     text = verilog_source(cfg, args.top)
     if args.output in (None, "-"):
         sys.stdout.write(text)
@@ -154,7 +155,7 @@ def _run_kernel(args):
         "preset": _preset_label(args),
         "sim": sim,
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
-        "dtype": cfg.dtype,
+        "dtype": "int8",                 # the kernels' format (the only one built so far)
         "fault": Fault(outcome.fault).name,
         "mismatches": mismatches,
         "golden_mismatches": golden_mismatches,

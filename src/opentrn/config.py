@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
+from opentrn import numerics
+
 __all__ = ["Config", "ConfigError", "PRESETS", "DTYPES", "preset", "resolve", "parse_overrides",
            "load_file", "reference"]
 
@@ -27,8 +29,8 @@ class ConfigError(ValueError):
     """An invalid configuration value, key or combination."""
 
 
-#: Input formats of the tensor engine, with their storage width in bits.
-DTYPES = {"int8": 8, "bf16": 16, "fp8e4m3": 8, "fp8e5m2": 8}
+#: Input formats of the tensor engine, with their storage width in bits (docs/numerics.md).
+DTYPES = {name: numerics.data_format(name).bytes * 8 for name in numerics.TENSOR_FORMATS}
 
 _KiB = 1024
 _MiB = 1024 * _KiB
@@ -50,11 +52,14 @@ class Config:
         SBUF partition.
     pe_cols : int
         Columns of the systolic array: the M dimension (output partitions) of one matmul.
-    dtype : str
-        Input format of the tensor engine (``int8``; ``bf16``, ``fp8e4m3``, ``fp8e5m2`` are
-        reserved for the floating-point tensor engine).
+    dtypes : tuple of str
+        Input formats the tensor engine of this build supports (each matmul names one):
+        ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, ``mxfp8e4m3``, ``mxfp8e5m2``
+        (docs/numerics.md). The hardware builds ``int8`` so far; the float formats are
+        modelled by the golden models and the projections.
     acc_bits : int
-        Width of the accumulator: two's-complement wrap-around for ``int8``.
+        Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
+        any float format is in ``dtypes``.
     moving_max : int
         Largest N (moving vectors) of one matmul: one PSUM bank.
     sbuf_partitions, sbuf_bytes_per_partition : int
@@ -79,7 +84,7 @@ class Config:
 
     pe_rows: int
     pe_cols: int
-    dtype: str
+    dtypes: tuple
     acc_bits: int
     moving_max: int
     sbuf_partitions: int
@@ -110,6 +115,8 @@ class Config:
                 ok = isinstance(value, int | float) and not isinstance(value, bool)
             else:
                 ok = isinstance(value, expected) and not isinstance(value, bool)
+            if expected is tuple and not ok:
+                raise ConfigError(f"{f.name}={value!r}: must be a list of format names")
             if not ok:
                 raise ConfigError(
                     f"{f.name}={value!r}: must be of type {expected.__name__}")
@@ -122,14 +129,17 @@ class Config:
             value = getattr(self, name)
             rule(name, _is_pow2(value) and 2 <= value <= 256,
                  "must be a power of two between 2 and 256")
-        rule("dtype", self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}")
-        in_bits = DTYPES[self.dtype]
-        if self.dtype == "int8":
-            rule("acc_bits", 2 * in_bits <= self.acc_bits <= 32,
-                 f"must be between {2 * in_bits} (one int8 x int8 product) and 32")
-        else:
+        rule("dtypes", len(self.dtypes) >= 1 and all(isinstance(name, str) and name in DTYPES
+                                                     for name in self.dtypes),
+             f"must be a non-empty list of {', '.join(DTYPES)}")
+        rule("dtypes", len(set(self.dtypes)) == len(self.dtypes), "must not repeat a format")
+        floats = [name for name in self.dtypes if name != "int8"]
+        if floats:
             rule("acc_bits", self.acc_bits == 32,
-                 f"must be 32 (FP32 accumulation) for dtype={self.dtype}")
+                 f"must be 32 (FP32 accumulation) when dtypes includes {floats[0]}")
+        else:
+            rule("acc_bits", 16 <= self.acc_bits <= 32,
+                 "must be between 16 (one int8 x int8 product) and 32")
         rule("sbuf_partitions", self.sbuf_partitions == self.pe_rows,
              f"must equal pe_rows={self.pe_rows} (one SBUF partition feeds one array row)")
         rule("sbuf_bytes_per_partition",
@@ -173,8 +183,8 @@ class Config:
 
     @property
     def in_bits(self):
-        """Storage width of one tensor-engine input element."""
-        return DTYPES[self.dtype]
+        """Storage width of the widest tensor-engine input format of the build."""
+        return max(DTYPES[name] for name in self.dtypes)
 
     @property
     def hbm_addr_bits(self):
@@ -202,7 +212,9 @@ class Config:
     def to_toml(self):
         lines = []
         for key, value in self.to_dict().items():
-            if isinstance(value, str):
+            if isinstance(value, tuple):
+                lines.append(f"{key} = [{', '.join(json.dumps(item) for item in value)}]")
+            elif isinstance(value, str):
                 lines.append(f'{key} = "{value}"')
             elif isinstance(value, float):
                 lines.append(f"{key} = {value!r}")
@@ -214,16 +226,18 @@ class Config:
     def from_dict(cls, values):
         unknown = sorted(set(values) - set(_FIELD_TYPES))
         if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown configuration key "
-                              f"(known keys: {', '.join(_FIELD_TYPES)})")
+            raise _unknown_key(unknown[0])
         missing = sorted(set(_FIELD_TYPES) - set(values))
         if missing:
             raise ConfigError(f"{missing[0]}: missing configuration key")
+        # JSON and TOML give lists where the config holds tuples.
+        values = {key: tuple(value) if isinstance(value, list) else value
+                  for key, value in values.items()}
         return cls(**values)
 
 
 _FIELD_TYPES = {
-    "pe_rows": int, "pe_cols": int, "dtype": str, "acc_bits": int, "moving_max": int,
+    "pe_rows": int, "pe_cols": int, "dtypes": tuple, "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,
     "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
@@ -233,13 +247,21 @@ _FIELD_TYPES = {
 assert list(_FIELD_TYPES) == [f.name for f in fields(Config)]
 
 
+def _unknown_key(key):
+    if key == "dtype":
+        return ConfigError("dtype: unknown configuration key; it is now dtypes, the list of "
+                           "formats a build supports (dtypes=int8 or dtypes=int8,bf16)")
+    return ConfigError(f"{key}: unknown configuration key "
+                       f"(known keys: {', '.join(_FIELD_TYPES)})")
+
+
 def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries):
     """A core for simulation: a single chip with a single core, an FPGA-like 100 MHz clock
     and a memory that delivers one bus beat per cycle."""
     dma_bus_bytes = 8
     clock_hz = 100_000_000
     return dict(
-        pe_rows=n, pe_cols=n, dtype="int8", acc_bits=32,
+        pe_rows=n, pe_cols=n, dtypes=("int8",), acc_bits=32,
         moving_max=psum_bank_entries,
         sbuf_partitions=n, sbuf_bytes_per_partition=sbuf_kib * _KiB,
         psum_banks=psum_banks, psum_bank_entries=psum_bank_entries,
@@ -257,7 +279,7 @@ def reference():
         return tomllib.load(f)
 
 
-def _trainium_core(core, chip, system):
+def _trainium_core(core, chip, system, dtypes):
     """A NeuronCore of the published figures: ``core``, ``chip`` and ``system`` name tables
     of the reference file."""
     ref = reference()
@@ -265,7 +287,7 @@ def _trainium_core(core, chip, system):
     psum_bytes = core["psum_kib_per_partition"] * _KiB
     psum_bank_entries = 512                  # "8 banks x 512 fp32 per partition" [nki-arch]
     return dict(
-        pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtype="bf16", acc_bits=32,
+        pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtypes=dtypes, acc_bits=32,
         moving_max=psum_bank_entries,        # N <= 512: one PSUM bank [nki-arch]
         sbuf_partitions=core["pe_rows"],
         sbuf_bytes_per_partition=core["sbuf_kib_per_partition"] * _KiB,
@@ -291,8 +313,12 @@ PRESETS = {
     # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32 bit.
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
              "hbm_bytes": 128 * _MiB},
-    "trn2": _trainium_core("v3", "trainium2", "trn2_ultraserver"),
-    "trn3": _trainium_core("v4", "trainium3", "trn3_ultraserver"),
+    # The formats of the published throughput figures (the reference file): BF16 and FP8 on
+    # both, MXFP8 on Trainium3 (nc_matmul_mx).
+    "trn2": _trainium_core("v3", "trainium2", "trn2_ultraserver",
+                           ("bf16", "fp8e4m3", "fp8e5m2")),
+    "trn3": _trainium_core("v4", "trainium3", "trn3_ultraserver",
+                           ("bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")),
 }
 
 
@@ -306,12 +332,14 @@ def preset(name):
 def _coerce(key, text):
     """Parse the text of a ``key=value`` override by the type of the field."""
     if key not in _FIELD_TYPES:
-        raise ConfigError(f"{key}: unknown configuration key "
-                          f"(known keys: {', '.join(_FIELD_TYPES)})")
+        raise _unknown_key(key)
     kind = _FIELD_TYPES[key]
     text = text.strip()
     if kind is str:
         return text.strip("\"'")
+    if kind is tuple:                     # a comma-separated list: dtypes=int8,bf16
+        return tuple(item.strip().strip("\"'") for item in text.strip("[]").split(",")
+                     if item.strip())
     try:
         if kind is int:
             try:
@@ -367,8 +395,7 @@ def resolve(preset_name=None, file=None, overrides=()):
     values = dict(preset(base or "tiny").to_dict())
     for key, value in file_values.items():
         if key not in _FIELD_TYPES:
-            raise ConfigError(f"{key}: unknown configuration key "
-                              f"(known keys: {', '.join(_FIELD_TYPES)})")
+            raise _unknown_key(key)
         values[key] = value
     values.update(parse_overrides(overrides))
     return Config.from_dict(values)

@@ -449,8 +449,9 @@ class Kernel:
         if config.semaphores < len(isa.Engine):
             _fail("config.semaphores", config.semaphores,
                   f"must be at least {len(isa.Engine)}: one per engine")
-        if config.dtype != "int8":
-            _fail("config.dtype", config.dtype, "the kernel API covers the int8 path")
+        if "int8" not in config.dtypes:
+            _fail("config.dtypes", ",".join(config.dtypes),
+                  "the kernel API covers the int8 path (dtypes must include int8)")
         if config.pe_cols > config.sbuf_partitions:
             _fail("config.pe_cols", config.pe_cols,
                   f"must be at most sbuf_partitions={config.sbuf_partitions} (one "

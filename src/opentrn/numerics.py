@@ -1,0 +1,166 @@
+"""Number formats of the tensor engine, the PSUM and the activation engine: one description
+shared by the hardware (hdl/), the golden models (golden/) and the tests.
+
+Every floating-point format here is a sign bit, ``exp_bits`` of biased exponent and
+``man_bits`` of fraction, with IEEE-754 subnormals (exponent field 0). They differ in what
+the all-ones exponent means:
+
+* ``ieee`` (``fp32``, ``bf16``, ``fp8e5m2``): fraction 0 is an infinity, any other
+  fraction a NaN;
+* ``fn`` (``fp8e4m3``, OCP ``float8_e4m3fn``): no infinities; only the all-ones fraction is
+  a NaN, the other codes of the top exponent are finite (so the largest value is 448).
+
+The MX formats (OCP Microscaling) are an element format plus one E8M0 scale per
+``MX_BLOCK`` elements along the contraction dimension K: ``2 ** (scale - 127)``, with the
+code 255 a NaN. docs/numerics.md states the arithmetic.
+"""
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
+           "data_format", "FLOAT_FORMATS", "FP32", "BF16", "FP8E4M3", "FP8E5M2",
+           "MX_BLOCK", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
+           "to_bits", "from_bits"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """One binary floating-point format."""
+
+    name: str
+    exp_bits: int
+    man_bits: int
+    nan_style: str           # "ieee" or "fn" (see the module docstring)
+    numpy_type: type
+
+    @property
+    def bits(self):
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def bias(self):
+        return (1 << (self.exp_bits - 1)) - 1
+
+    @property
+    def has_inf(self):
+        return self.nan_style == "ieee"
+
+    @property
+    def exp_max_field(self):
+        return (1 << self.exp_bits) - 1
+
+    @property
+    def max_normal_exp(self):
+        """Unbiased exponent of the largest finite value."""
+        top = self.exp_max_field if self.nan_style == "fn" else self.exp_max_field - 1
+        return top - self.bias
+
+    @property
+    def min_normal_exp(self):
+        """Unbiased exponent of the smallest normal value (subnormals share it)."""
+        return 1 - self.bias
+
+    @property
+    def max_finite_bits(self):
+        """Code of the largest finite positive value."""
+        if self.nan_style == "fn":
+            return (self.exp_max_field << self.man_bits) | ((1 << self.man_bits) - 2)
+        return ((self.exp_max_field - 1) << self.man_bits) | ((1 << self.man_bits) - 1)
+
+    @property
+    def canonical_nan(self):
+        """The positive NaN the hardware writes (the quiet NaN of ``ieee`` formats, the
+        single NaN of ``fn`` formats); a negative NaN has the sign bit set as well."""
+        if self.nan_style == "fn":
+            return (self.exp_max_field << self.man_bits) | ((1 << self.man_bits) - 1)
+        return (self.exp_max_field << self.man_bits) | (1 << (self.man_bits - 1))
+
+    @property
+    def uint_type(self):
+        return {8: np.uint8, 16: np.uint16, 32: np.uint32}[self.bits]
+
+
+FP32 = FloatFormat("fp32", 8, 23, "ieee", np.float32)
+BF16 = FloatFormat("bf16", 8, 7, "ieee", ml_dtypes.bfloat16)
+FP8E4M3 = FloatFormat("fp8e4m3", 4, 3, "fn", ml_dtypes.float8_e4m3fn)
+FP8E5M2 = FloatFormat("fp8e5m2", 5, 2, "ieee", ml_dtypes.float8_e5m2)
+
+#: The floating-point formats, by name.
+FLOAT_FORMATS = {f.name: f for f in (FP32, BF16, FP8E4M3, FP8E5M2)}
+
+#: Elements along K that share one E8M0 scale in the MX formats.
+MX_BLOCK = 32
+E8M0_BIAS = 127
+E8M0_NAN = 255
+
+#: The NaN every floating-point operation of the hardware returns (FP32 quiet NaN, sign 0).
+CANONICAL_NAN32 = FP32.canonical_nan
+assert CANONICAL_NAN32 == 0x7FC00000
+
+
+def float_format(name):
+    """The :class:`FloatFormat` called ``name``."""
+    if name not in FLOAT_FORMATS:
+        raise ValueError(f"format={name!r}: must be one of {', '.join(FLOAT_FORMATS)}")
+    return FLOAT_FORMATS[name]
+
+
+def to_bits(values, fmt):
+    """The codes of ``values`` (any float array) rounded to ``fmt`` as ``ml_dtypes``/numpy
+    round them (round to nearest even)."""
+    fmt = float_format(fmt) if isinstance(fmt, str) else fmt
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(values).astype(fmt.numpy_type).view(fmt.uint_type)
+
+
+def from_bits(codes, fmt):
+    """The values of the codes ``codes`` of ``fmt``, as float32 (exact for every format
+    here)."""
+    fmt = float_format(fmt) if isinstance(fmt, str) else fmt
+    return np.asarray(codes).astype(fmt.uint_type).view(fmt.numpy_type).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    """A format an instruction can name: the tensor engine's inputs (``int8``, the float
+    formats, the MX formats) and the activation engine's outputs (adding ``fp32`` and
+    ``int32``). ``code`` is its number in instruction fields and hardware ports."""
+
+    name: str
+    code: int
+    element: FloatFormat | None      # None for the integer formats
+    mx: bool = False                 # an E8M0 scale per MX_BLOCK elements along K
+
+    @property
+    def bytes(self):
+        if self.element is not None:
+            return self.element.bits // 8
+        return {"int8": 1, "int32": 4}[self.name]
+
+
+#: Every format, by name; the codes are fixed (they appear in instruction encodings).
+DATA_FORMATS = {f.name: f for f in (
+    DataFormat("int8", 0, None),
+    DataFormat("bf16", 1, BF16),
+    DataFormat("fp8e4m3", 2, FP8E4M3),
+    DataFormat("fp8e5m2", 3, FP8E5M2),
+    DataFormat("mxfp8e4m3", 4, FP8E4M3, mx=True),
+    DataFormat("mxfp8e5m2", 5, FP8E5M2, mx=True),
+    DataFormat("fp32", 6, FP32),
+    DataFormat("int32", 7, None),
+)}
+FORMAT_CODE_BITS = 3
+assert max(f.code for f in DATA_FORMATS.values()) < 1 << FORMAT_CODE_BITS
+
+#: Input formats of the tensor engine (``Config.dtypes`` is a set of these).
+TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
+
+
+def data_format(name):
+    """The :class:`DataFormat` called ``name``."""
+    if name not in DATA_FORMATS:
+        raise ValueError(f"format={name!r}: must be one of {', '.join(DATA_FORMATS)}")
+    return DATA_FORMATS[name]
