@@ -8,10 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opentrn import numerics
+
+from . import fp_adder, fp_multiplier
 from .processing_element import wrap
 
-__all__ = ["Matmul", "Schedule", "matmul", "latency", "load_cycles", "reload_guard",
-           "issue_interval", "schedule"]
+__all__ = ["Matmul", "Schedule", "matmul", "matmul_float", "latency", "load_cycles",
+           "reload_guard", "issue_interval", "schedule"]
 
 
 def _check(config, name, array, rows, cols_max):
@@ -33,6 +36,62 @@ def matmul(config, stationary, moving):
     stationary = _check(config, "stationary", stationary, config.pe_rows, config.pe_cols)
     moving = _check(config, "moving", moving, config.pe_rows, config.moving_max)
     return wrap(stationary.T @ moving, config.acc_bits)
+
+
+def _block_scales(name, scales, k, cols):
+    scales = np.asarray(scales)
+    blocks = -(-k // numerics.MX_BLOCK)
+    if scales.shape != (blocks, cols):
+        raise ValueError(f"{name} has shape {scales.shape}: must be ({blocks}, {cols}), one "
+                         f"E8M0 scale per {numerics.MX_BLOCK} rows of K and column")
+    # Row k of the operand takes the scale of its block.
+    return np.repeat(scales, numerics.MX_BLOCK, axis=0)[:k]
+
+
+def matmul_float(stationary, moving, format_name, *, scale_stationary=None,
+                 scale_moving=None, psum=None):
+    """The FP32 codes of ``out[M, N] = stationary[K, M].T @ moving[K, N]`` for codes of the
+    float format ``format_name`` (docs/numerics.md), in the order of the hardware: for each
+    output, ``acc = +0``, then ``acc = acc + stationary[k, m] * moving[k, n]`` for
+    ``k = 0 .. K-1`` (down the array column; every product and every sum rounded to FP32,
+    to nearest even), then, when ``psum`` (FP32 codes, [M, N]) is given, ``psum + acc``
+    (the accumulate into the PSUM). For the MX formats, ``scale_stationary`` ([ceil(K/32),
+    M]) and ``scale_moving`` ([ceil(K/32), N]) are the E8M0 scales of each block of 32 rows
+    of K: every product is scaled by ``2**(sa + sb - 254)`` before it is rounded.
+    """
+    fmt = numerics.data_format(format_name)
+    if fmt.element is None or format_name == "fp32":
+        raise ValueError(f"format={format_name!r}: must be a float tensor format "
+                         f"({', '.join(n for n in numerics.TENSOR_FORMATS if n != 'int8')})")
+    stationary, moving = np.asarray(stationary), np.asarray(moving)
+    if stationary.ndim != 2 or moving.ndim != 2 or stationary.shape[0] != moving.shape[0]:
+        raise ValueError(f"stationary {stationary.shape} and moving {moving.shape}: must be "
+                         "[K, M] and [K, N]")
+    k, m = stationary.shape
+    n = moving.shape[1]
+    scales = {}
+    if fmt.mx:
+        if scale_stationary is None or scale_moving is None:
+            raise ValueError(f"format={format_name!r}: scale_stationary and scale_moving "
+                             "are required")
+        scales = {"s": _block_scales("scale_stationary", scale_stationary, k, m),
+                  "x": _block_scales("scale_moving", scale_moving, k, n)}
+    elif scale_stationary is not None or scale_moving is not None:
+        raise ValueError(f"format={format_name!r}: takes no scales")
+    acc = np.zeros((m, n), np.uint32)
+    for row in range(k):
+        extra = {}
+        if fmt.mx:
+            extra = {"scale_a": scales["s"][row][:, None], "scale_b": scales["x"][row][None, :]}
+        product = fp_multiplier.multiply(stationary[row][:, None], moving[row][None, :],
+                                         format_name, **extra)
+        acc = fp_adder.add(acc, product)
+    if psum is not None:
+        psum = np.asarray(psum)
+        if psum.shape != (m, n):
+            raise ValueError(f"psum has shape {psum.shape}: must be ({m}, {n})")
+        acc = fp_adder.add(psum, acc)
+    return acc
 
 
 def latency(config):

@@ -4,6 +4,7 @@ from amaranth.hdl import Const, ValueCastable
 
 from opentrn.config import ConfigError
 
+from . import fp_adder, fp_cast, fp_multiplier
 from .activation_engine import ActivationEngine
 from .core import Core
 from .core import check_config as check_core
@@ -26,6 +27,9 @@ TOPS = {
     "memory_system": MemorySystem,
     "activation_engine": ActivationEngine,
     "core": Core,
+    "fp_adder": fp_adder.unit_test_top,
+    "fp_cast": fp_cast.unit_test_top,
+    "fp_multiplier": fp_multiplier.unit_test_top,
 }
 
 
@@ -34,10 +38,10 @@ def check(name, config):
     (before any hardware is elaborated)."""
     if name not in TOPS:
         raise ValueError(f"top={name!r}: must be one of {', '.join(TOPS)}")
-    if config.dtype != "int8":
+    if config.dtypes != ("int8",):
         # A valid configuration (projections use it) that the hardware cannot build yet.
-        raise ConfigError(f"dtype={config.dtype!r}: the hardware is built for int8 inputs "
-                          "only so far (try --set dtype=int8)")
+        raise ConfigError(f"dtypes={','.join(config.dtypes)}: the hardware is built for int8 "
+                          "inputs only so far (try --set dtypes=int8)")
     if name == "core":
         check_core(config)
 

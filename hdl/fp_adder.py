@@ -1,0 +1,179 @@
+"""FP32 adder: IEEE-754 binary32 ``a + b``, round to nearest even, combinational, a lane
+vector."""
+
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from opentrn.numerics import CANONICAL_NAN32, FP32
+
+__all__ = ["FPAdder", "TEST_LANES", "unit_test_top"]
+
+#: Lanes of the build the unit testbench runs (:func:`unit_test_top`).
+TEST_LANES = 16
+
+_MAN = FP32.man_bits                     # fraction bits (23)
+_EXP = FP32.exp_bits                     # exponent bits (8)
+_EXP_ALL_ONES = FP32.exp_max_field       # infinities and NaNs
+_INF_MAGNITUDE = _EXP_ALL_ONES << _MAN   # the code of +inf
+_SIG = _MAN + 1                          # significand with the hidden bit (24)
+_GRS = 3                                 # guard, round and sticky bits below the significand
+_WIDE = _SIG + _GRS                      # aligned significands (27); the sum has one more bit
+
+
+def _check_lanes(lanes):
+    if not isinstance(lanes, int) or isinstance(lanes, bool):
+        raise TypeError(f"lanes must be an integer, not {lanes!r}")
+    if lanes < 1:
+        raise ValueError(f"lanes must be at least 1, not {lanes}")
+
+
+class FPAdder(wiring.Component):
+    """``sum = a + b`` in IEEE-754 binary32, per lane, combinational (no clock).
+
+    Numerics:
+
+    * round to nearest, ties to even; subnormal inputs and results are honoured (no flush to
+      zero); a finite result whose rounded magnitude reaches ``2**128`` is an infinity of the
+      sign of the larger operand;
+    * an exact zero result (``x + (-x)``, ``(+0) + (-0)``, ``(+0) + (+0)``) is ``+0``, except
+      ``(-0) + (-0) = -0``;
+    * ``inf + inf`` (same sign) and ``inf + finite`` are that infinity; ``inf + (-inf)`` and
+      any NaN operand give the canonical NaN ``0x7FC00000`` (whatever the payloads and signs
+      of the input NaNs).
+
+    This is numpy ``float32`` addition bit for bit, with NaN results made canonical.
+
+    Datapath of one lane (:func:`opentrn.golden.fp_adder.add` computes the same steps):
+    unpack; swap so that ``|x| >= |y|`` (compare the codes without sign); align the
+    significand of ``y`` to the exponent of ``x`` with guard, round and sticky bits; add, or
+    subtract for operands of opposite signs; normalize: one bit right on a carry out, else
+    left by the leading-zero count, but never below the smallest exponent (a subnormal
+    result); round to nearest even, the carry of the rounding going into the exponent field
+    (so a subnormal may round up to the smallest normal and the largest finite to infinity);
+    pack, with the special cases (NaN, infinity, zero) selected last.
+
+    Members
+    -------
+    a : ``In(data.ArrayLayout(unsigned(32), lanes))``
+        FP32 codes of the first operand, one per lane.
+    b : ``In(data.ArrayLayout(unsigned(32), lanes))``
+        FP32 codes of the second operand.
+    sum : ``Out(data.ArrayLayout(unsigned(32), lanes))``
+        FP32 code of ``a + b``, lane by lane.
+    """
+
+    def __init__(self, *, lanes):
+        try:
+            _check_lanes(lanes)
+        except (TypeError, ValueError):
+            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
+            raise
+        self._lanes = lanes
+        layout = data.ArrayLayout(unsigned(FP32.bits), lanes)
+        super().__init__({
+            "a": In(layout),
+            "b": In(layout),
+            "sum": Out(layout),
+        })
+
+    @property
+    def lanes(self):
+        return self._lanes
+
+    def elaborate(self, platform):
+        m = Module()
+        # One assignment of the whole vector, not one per lane: Icarus merges the drivers of
+        # an output's slices again on every change of any of them (quadratic in the lanes).
+        m.d.comb += self.sum.eq(Cat(_add(m, self.a[lane], self.b[lane], f"lane{lane}")
+                                    for lane in range(self._lanes)))
+        return m
+
+
+def _add(m, a, b, prefix):
+    """The scalar datapath: the code of ``a + b`` (both FP32 codes)."""
+    def signal(shape, name):
+        return Signal(shape, name=f"{prefix}_{name}")
+
+    # Order by magnitude: the code without its sign orders finite values, infinities and NaNs.
+    swap = signal(1, "swap")
+    x, y = signal(32, "x"), signal(32, "y")
+    m.d.comb += [
+        swap.eq(b[:31] > a[:31]),
+        x.eq(Mux(swap, b, a)),
+        y.eq(Mux(swap, a, b)),
+    ]
+    sx, ex, fx = x[31], x[_MAN:31], x[:_MAN]
+    sy, ey, fy = y[31], y[_MAN:31], y[:_MAN]
+    subtract = signal(1, "subtract")
+    m.d.comb += subtract.eq(sx ^ sy)
+
+    # Subnormals have no hidden bit and the exponent of the smallest normal.
+    x_normal, y_normal = signal(1, "x_normal"), signal(1, "y_normal")
+    ex_eff, ey_eff = signal(_EXP, "ex_eff"), signal(_EXP, "ey_eff")
+    m.d.comb += [
+        x_normal.eq(ex.any()),
+        y_normal.eq(ey.any()),
+        ex_eff.eq(Mux(x_normal, ex, 1)),
+        ey_eff.eq(Mux(y_normal, ey, 1)),
+    ]
+
+    # Align: shift y right by the exponent difference; bits shifted past the sticky position
+    # are ORed into it. At _WIDE or more every bit of y is sticky.
+    diff = signal(_EXP, "exp_diff")
+    shift = signal(range(_WIDE + 1), "align_shift")
+    shifted = signal(2 * _WIDE, "shifted")
+    aligned = signal(_WIDE, "aligned")
+    m.d.comb += [
+        diff.eq(ex_eff - ey_eff),
+        shift.eq(Mux(diff > _WIDE, _WIDE, diff)),
+        shifted.eq(Cat(Const(0, _WIDE + _GRS), fy, y_normal) >> shift),
+        aligned.eq(shifted[_WIDE:] | shifted[:_WIDE].any()),
+    ]
+
+    x_wide = Cat(Const(0, _GRS), fx, x_normal)
+    raw = signal(_WIDE + 1, "raw")      # |x| >= |y|: the difference is never negative
+    m.d.comb += raw.eq(Mux(subtract, x_wide - aligned, x_wide + aligned))
+    carry = raw[_WIDE]
+
+    # Leading zeros below the carry bit (a priority encoder); a cancellation of more than one
+    # bit only happens for exponent differences 0 and 1, where the guard bits are exact.
+    leading = Const(_WIDE, range(_WIDE + 1))
+    for bit in range(_WIDE):
+        leading = Mux(raw[bit], _WIDE - 1 - bit, leading)
+    zeros = signal(range(_WIDE + 1), "leading_zeros")
+    room = signal(_EXP, "room")         # left shifts before the exponent reaches its minimum
+    lshift = signal(range(_WIDE + 1), "norm_shift")
+    m.d.comb += [
+        zeros.eq(leading),
+        room.eq(ex_eff - 1),
+        lshift.eq(Mux(zeros > room, room, zeros)),
+    ]
+    # The biased exponent less one: the hidden bit of ``norm`` adds the one back when packed,
+    # and a subnormal result (no hidden bit) gets exponent field 0.
+    norm = signal(_WIDE, "norm")
+    exp_less_one = signal(_EXP + 1, "exp_less_one")
+    m.d.comb += [
+        norm.eq(Mux(carry, raw[1:] | raw[0], raw[:_WIDE] << lshift)),
+        exp_less_one.eq(Mux(carry, ex_eff, room - lshift)),
+    ]
+
+    # Round to nearest even; a carry out of the fraction goes into the exponent field.
+    round_up = norm[_GRS - 1] & (norm[:_GRS - 1].any() | norm[_GRS])
+    magnitude = signal(32, "magnitude")
+    m.d.comb += magnitude.eq((exp_less_one << _MAN) + norm[_GRS:] + round_up)
+
+    # |y| <= |x|: y is an infinity or a NaN only if x is one too.
+    x_top, y_top = ex == _EXP_ALL_ONES, ey == _EXP_ALL_ONES
+    nan = x_top & (fx.any() | (y_top & subtract))          # a NaN operand, or inf - inf
+    infinite = x_top | (magnitude >= _INF_MAGNITUDE)       # an infinite operand, or overflow
+    return Mux(nan, CANONICAL_NAN32,
+               Mux(infinite, Cat(Const(_INF_MAGNITUDE, 31), sx),
+                   Mux(raw == 0, Cat(Const(0, 31), sx & sy),
+                       Cat(magnitude[:31], sx))))
+
+
+def unit_test_top(*, config):
+    """The build the unit testbenches run: ``TEST_LANES`` lanes (``config`` is not used;
+    :data:`opentrn.hdl.TOPS` passes one to every top level)."""
+    return FPAdder(lanes=TEST_LANES)
