@@ -11,6 +11,7 @@ with NaN results made canonical (tests/test_golden_fp_adder.py checks it).
 
 import numpy as np
 
+from opentrn import numerics
 from opentrn.numerics import CANONICAL_NAN32, FP32
 
 __all__ = ["add"]
@@ -22,17 +23,6 @@ _MAN_MASK = (1 << _MAN) - 1
 _SIGN = 1 << (FP32.bits - 1)
 _GRS = 3                        # guard, round and sticky bits
 _WIDE = _MAN + 1 + _GRS         # aligned significands (27 bits); the sum has one more
-
-
-def _bit_length(values):
-    """``int.bit_length`` of each element of a non-negative int64 array below ``2**32``."""
-    values = values.copy()
-    length = np.zeros_like(values)
-    for step in (16, 8, 4, 2, 1):
-        big = values >= (1 << step)
-        length += np.where(big, step, 0)
-        values = np.where(big, values >> step, values)
-    return length + (values > 0)
 
 
 def add(a_codes, b_codes):
@@ -62,7 +52,7 @@ def add(a_codes, b_codes):
 
     # Normalize: right by one on a carry, else left by the leading zeros, but not below the
     # smallest exponent (subnormal result).
-    zeros = _WIDE - _bit_length(raw & ((1 << _WIDE) - 1))
+    zeros = _WIDE - numerics.bit_length(raw & ((1 << _WIDE) - 1))
     lshift = np.minimum(zeros, ex_eff - 1)
     norm = np.where(carry != 0, (raw >> 1) | (raw & 1),
                     (raw << lshift) & ((1 << _WIDE) - 1))

@@ -62,16 +62,6 @@ class Product:
     round_up: np.ndarray         # the significand was incremented
 
 
-def _bit_length(x):
-    """The bit length of every element of the int64 array ``x`` (``x < 2**63``)."""
-    length = np.zeros(x.shape, np.int64)
-    for step in (32, 16, 8, 4, 2, 1):
-        big = (x >> step) != 0
-        length += np.where(big, step, 0)
-        x = np.where(big, x >> step, x)
-    return length + (x != 0)
-
-
 def _decode(codes, element):
     """Sign, significand, unbiased exponent, NaN and infinity masks of ``codes``."""
     man = element.man_bits
@@ -128,7 +118,7 @@ def multiply_details(a_codes, b_codes, format_name, scale_a=None, scale_b=None):
     # The exact product, normalized: 1.Q * 2**E.
     width = 2 * element.man_bits + 2
     p = sig_a * sig_b
-    lz = width - _bit_length(p)
+    lz = width - numerics.bit_length(p)
     q = p << lz
     e = e_a + e_b + scale + 1 - lz
 

@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
            "data_format", "FLOAT_FORMATS", "FP32", "BF16", "FP8E4M3", "FP8E5M2",
            "MX_BLOCK", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
-           "to_bits", "from_bits"]
+           "to_bits", "from_bits", "bit_length"]
 
 
 @dataclass(frozen=True)
@@ -164,3 +164,15 @@ def data_format(name):
     if name not in DATA_FORMATS:
         raise ValueError(f"format={name!r}: must be one of {', '.join(DATA_FORMATS)}")
     return DATA_FORMATS[name]
+
+
+def bit_length(values):
+    """``int.bit_length`` of every element of a non-negative int64 array (below ``2**63``):
+    the leading-one position the golden models normalize by."""
+    values = np.asarray(values, dtype=np.int64)
+    length = np.zeros(values.shape, np.int64)
+    for step in (32, 16, 8, 4, 2, 1):
+        big = (values >> step) != 0
+        length += np.where(big, step, 0)
+        values = np.where(big, values >> step, values)
+    return length + (values != 0)
