@@ -3,6 +3,7 @@
 performance counters) and how fast each simulator runs the core.
 
     python benchmarks/core_utilization.py [--presets tiny,small] [--sims verilator,icarus]
+        [--dtypes int8,bf16,fp8e4m3]
 
 Every shape runs as a kernel (:mod:`opentrn.kernels`) on the core RTL, is checked bit for bit
 against numpy, and reports: cycles, tensor-engine busy cycles / cycles (utilization), the
@@ -18,6 +19,7 @@ import sys
 import numpy as np
 
 from opentrn import config, kernels
+from opentrn.kernel import FORMAT_DTYPES, same_bits
 from opentrn.report import markdown_table
 from opentrn.sim import runner
 from opentrn.sim.core import run_programs
@@ -34,6 +36,8 @@ def main(argv=None):
     parser.add_argument("--sims", default=None, help="default: every simulator that can run")
     parser.add_argument("--speed-shape", default="64,64,64",
                         help="the shape timed on the slower simulators (default: 64,64,64)")
+    parser.add_argument("--dtypes", default="int8",
+                        help="input formats, each run where the preset has it (default: int8)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     sims = args.sims.split(",") if args.sims else [
@@ -49,23 +53,31 @@ def main(argv=None):
             # fastest one, the others time one shape.
             shapes = SHAPES if sim == fast else [speed_shape]
             rng = np.random.default_rng(1)
-            programs, expected = [], []
-            for m, k, n in shapes:
-                a = rng.integers(-128, 128, (m, k)).astype(np.int8)
-                b = rng.integers(-128, 128, (k, n)).astype(np.int8)
-                program, reference = kernels.gemm(cfg, a.T.copy(), b)
-                programs.append(program)
-                expected.append(reference["c"])
-            print(f"{preset}: {len(shapes)} GEMMs on {sim}", file=sys.stderr, flush=True)
+            programs, expected, labels = [], [], []
+            for dtype in args.dtypes.split(","):
+                if dtype not in cfg.dtypes:
+                    continue
+                for m, k, n in shapes:
+                    if dtype == "int8":
+                        a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+                        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+                    else:
+                        a, b = (rng.standard_normal(shape).astype(np.float32).astype(
+                            FORMAT_DTYPES[dtype]) for shape in ((m, k), (k, n)))
+                    program, reference = kernels.gemm(cfg, a.T.copy(), b)
+                    programs.append(program)
+                    expected.append(reference["c"])
+                    labels.append((dtype, m, k, n))
+            print(f"{preset}: {len(programs)} GEMMs on {sim}", file=sys.stderr, flush=True)
             outcomes, result = run_programs(programs, sim=sim)
-            for (m, k, n), program, outcome, reference, record in zip(
-                    shapes, programs, outcomes, expected, result.reports, strict=True):
-                if not np.array_equal(program.read_outputs(outcome.hbm)["c"], reference):
-                    raise SystemExit(f"{preset} {m}x{k}x{n} on {sim}: not bit-exact")
+            for (dtype, m, k, n), program, outcome, reference, record in zip(
+                    labels, programs, outcomes, expected, result.reports, strict=True):
+                if not same_bits(program.read_outputs(outcome.hbm)["c"], reference):
+                    raise SystemExit(f"{preset} {dtype} {m}x{k}x{n} on {sim}: not bit-exact")
                 c = outcome.counters
                 rows.append({
                     "preset": preset, "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
-                    "sim": sim, "gemm": f"{m}x{k}x{n}", "cycles": c["cycles"],
+                    "sim": sim, "dtype": dtype, "gemm": f"{m}x{k}x{n}", "cycles": c["cycles"],
                     "macs": c["macs"],
                     "tensor_busy": round(c["tensor_busy"] / c["cycles"], 4),
                     "mac_utilization": round(
@@ -79,11 +91,11 @@ def main(argv=None):
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    headers = ["preset", "simulator", "GEMM MxKxN", "cycles", "tensor busy",
+    headers = ["preset", "simulator", "format", "GEMM MxKxN", "cycles", "tensor busy",
                "MAC utilization", "DMA busy", "activation busy", "tensor waits",
                "instructions", "cycles/s"]
     table = [dict(zip(headers, [
-        f"{r['preset']} ({r['array']})", r["sim"], r["gemm"], r["cycles"],
+        f"{r['preset']} ({r['array']})", r["sim"], r["dtype"], r["gemm"], r["cycles"],
         f"{100 * r['tensor_busy']:.1f}%", f"{100 * r['mac_utilization']:.1f}%",
         f"{100 * r['dma_busy']:.1f}%", f"{100 * r['activation_busy']:.1f}%",
         r["tensor_wait"], r["instructions"], r["cycles_per_second"]], strict=True))

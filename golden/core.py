@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from opentrn import isa
+from opentrn import isa, numerics
 from opentrn.config import ConfigError
 from opentrn.hdl import host_registers
 from opentrn.hdl.dma import ErrorCode, Space, _addr_bits, buffer_geometry
 
-from . import activation_engine, dma, tensor_engine
+from . import activation_engine, dma, fp_adder, tensor_engine
 from .processing_element import wrap
 
 __all__ = ["COUNTERS", "Outcome", "Core", "run"]
@@ -99,6 +99,7 @@ class _Machine:
         self.stationary = None
         self.tile = None
         self.load_pending = False
+        self.tile_format = None          # the DataFormat of the latest load
         self.addr_limit = 1 << _addr_bits(config)
         self.checks = {
             isa.Opcode.END: lambda f: None, isa.Opcode.NOP: lambda f: None,
@@ -179,26 +180,50 @@ class _Machine:
 
     # -- tensor engine ----------------------------------------------------------------------
 
+    def _element_bytes(self, f):
+        """Bytes of one element of the instruction's ``format``; ``ILLEGAL_OPCODE`` for a
+        format the build lacks."""
+        codes = {fmt.code: fmt for fmt in numerics.matmul_formats(self.config)}
+        _require(f["format"] in codes and codes[f["format"]].name in
+                 numerics.HARDWARE_TENSOR_FORMATS, isa.Fault.ILLEGAL_OPCODE)
+        return codes[f["format"]].bytes
+
     def _check_load(self, f):
         cfg = self.config
+        size = self._element_bytes(f)
         _require(not self.load_pending, isa.Fault.BAD_FIELD)
         _require(1 <= f["rows"] <= cfg.pe_rows and 1 <= f["cols"] <= cfg.pe_cols,
                  isa.Fault.BAD_FIELD)
-        _require(f["sbuf_offset"] + f["cols"] <= cfg.sbuf_bytes_per_partition,
+        _require(f["sbuf_offset"] % size == 0, isa.Fault.BAD_FIELD)
+        _require(f["sbuf_offset"] + f["cols"] * size <= cfg.sbuf_bytes_per_partition,
                  isa.Fault.OUT_OF_RANGE)
+
+    def _elements(self, rows, offset, count, fmt):
+        """``count`` elements of ``fmt`` from byte ``offset`` of SBUF partitions ``< rows``:
+        int8 values, or the codes of a float format (``[rows, count]`` int64)."""
+        size = fmt.bytes
+        raw = self.images.sbuf[:rows, offset:offset + count * size]
+        if fmt.element is None:
+            return raw.view(np.int8).astype(np.int64)
+        return raw.copy().view(np.dtype(fmt.element.uint_type).newbyteorder("<")).astype(np.int64)
 
     def _load(self, f):
         cfg = self.config
         rows, cols, offset = f["rows"], f["cols"], f["sbuf_offset"]
+        fmt = numerics.format_of_code(f["format"])
         tile = np.zeros((cfg.pe_rows, cfg.pe_cols), np.int64)
-        tile[:rows, :cols] = self.images.sbuf[:rows, offset:offset + cols].view(np.int8)
+        tile[:rows, :cols] = self._elements(rows, offset, cols, fmt)
         self.stationary, self.tile, self.load_pending = tile, (rows, cols), True
+        self.tile_format = fmt
 
     def _check_matmul(self, f):
         cfg = self.config
+        size = self._element_bytes(f)
         _require(self.stationary is not None, isa.Fault.BAD_FIELD)
         _require(1 <= f["n"] <= cfg.moving_max, isa.Fault.BAD_FIELD)
-        _require(f["sbuf_offset"] + f["n"] <= cfg.sbuf_bytes_per_partition
+        _require(f["sbuf_offset"] % size == 0, isa.Fault.BAD_FIELD)
+        _require(f["format"] == self.tile_format.code, isa.Fault.BAD_FIELD)
+        _require(f["sbuf_offset"] + f["n"] * size <= cfg.sbuf_bytes_per_partition
                  and f["psum_bank"] < cfg.psum_banks
                  and f["psum_entry"] + f["n"] <= cfg.psum_bank_entries,
                  isa.Fault.OUT_OF_RANGE)
@@ -206,10 +231,25 @@ class _Machine:
     def _matmul(self, f):
         cfg = self.config
         n, offset = f["n"], f["sbuf_offset"]
-        moving = self.images.sbuf[:cfg.pe_rows, offset:offset + n].view(np.int8)
-        out = tensor_engine.matmul(cfg, self.stationary, moving)      # [M, n], wrapped
-        self._psum_write(f["psum_bank"], f["psum_entry"], out, f["accumulate"])
+        fmt = self.tile_format
         rows, cols = self.tile
+        # Outside the tile nothing contributes: partitions >= rows enter as 0, PSUM
+        # partitions >= cols receive 0 (a float 0 * inf would be NaN).
+        moving = np.zeros((cfg.pe_rows, n), np.int64)
+        moving[:rows] = self._elements(rows, offset, n, fmt)
+        bank, entry = f["psum_bank"], f["psum_entry"]
+        if fmt.element is None:
+            out = tensor_engine.matmul(cfg, self.stationary, moving)      # [M, n], wrapped
+            if f["accumulate"]:
+                out = wrap(self._psum_read(bank, entry, n) + out, cfg.acc_bits)
+        else:
+            # FP32 codes, summed down the column, then into the PSUM (docs/numerics.md).
+            out = tensor_engine.matmul_float(self.stationary, moving, fmt.name)
+            out[cols:] = 0
+            if f["accumulate"]:
+                psum = self._psum_read(bank, entry, n) & 0xFFFF_FFFF
+                out = fp_adder.add(psum, out)
+        self._psum_store(bank, entry, out)
         self.counters["macs"] += rows * cols * n
         self.load_pending = False
 
@@ -225,28 +265,30 @@ class _Machine:
         stored = self._psum_entries(bank, entry, n).copy().view("<i4")[..., 0]
         return wrap(stored.astype(np.int64), self.config.acc_bits)
 
-    def _psum_write(self, bank, entry, values, accumulate):
-        """Tensor-engine results ``[pe_cols, n]`` into consecutive entries (as PSUM's
-        ``te_write`` writes one): overwrite, or add and wrap to ``acc_bits``; stored
-        sign-extended to 32 bits."""
-        n = values.shape[1]
-        if accumulate:
-            values = wrap(self._psum_read(bank, entry, n) + values, self.config.acc_bits)
-        entries = self._psum_entries(bank, entry, n)
-        entries[...] = values.astype("<i4").view(np.uint8).reshape(entries.shape)
+    def _psum_store(self, bank, entry, values):
+        """Results ``[pe_cols, n]`` (``acc_bits`` values, or FP32 codes) into consecutive
+        entries (as PSUM's ``te_write`` writes one), as 32-bit little-endian words: an
+        integer sign-extended, a code as it is."""
+        entries = self._psum_entries(bank, entry, values.shape[1])
+        words = (np.asarray(values, np.int64) & 0xFFFF_FFFF).astype("<u4")
+        entries[...] = words.view(np.uint8).reshape(entries.shape)
 
     # -- activation engine ------------------------------------------------------------------
 
     def _check_activate(self, f):
         cfg = self.config
-        n, size = f["n"], 4 if f["out_int32"] else 1
+        formats = {fmt.code: fmt for fmt in numerics.activation_formats(cfg)}
+        _require(f["out_format"] in formats, isa.Fault.ILLEGAL_OPCODE)
+        out = formats[f["out_format"]]
+        n, size, floating = f["n"], out.bytes, out.element is not None
         _require(1 <= n <= cfg.moving_max, isa.Fault.BAD_FIELD)
-        _require(not f["out_int32"] or f["dst_offset"] % 4 == 0, isa.Fault.BAD_FIELD)
+        _require(f["dst_offset"] % size == 0, isa.Fault.BAD_FIELD)
         _require(not f["bias"] or f["bias_offset"] % 4 == 0, isa.Fault.BAD_FIELD)
+        _require(not floating or (not f["src"] and f["shift"] == 0), isa.Fault.BAD_FIELD)
         if f["src"]:
             src, dst = f["src_offset"], f["dst_offset"]
             disjoint = src + n <= dst or dst + n * size <= src
-            in_place = src == dst and not f["out_int32"]
+            in_place = src == dst and out.name == "int8"
             _require(disjoint or in_place, isa.Fault.BAD_FIELD)
         if f["src"]:
             _require(f["src_offset"] + n <= cfg.sbuf_bytes_per_partition,
@@ -262,10 +304,13 @@ class _Machine:
     def _activate(self, f):
         cfg = self.config
         lanes, n = cfg.pe_cols, f["n"]
+        out = numerics.format_of_code(f["out_format"])
+        floating = out.element is not None
         sbuf = self.images.sbuf
         if f["bias"]:
             offset = f["bias_offset"]
-            bias = sbuf[:lanes, offset:offset + 4].copy().view("<i4").reshape(lanes)
+            bias = sbuf[:lanes, offset:offset + 4].copy().view("<i4" if not floating
+                                                                else "<u4").reshape(lanes)
         else:
             bias = np.zeros(lanes, np.int32)
         if f["src"]:
@@ -273,18 +318,21 @@ class _Machine:
             x = sbuf[:lanes, offset:offset + n].view(np.int8).astype(np.int64)
         else:
             x = self._psum_read(f["psum_bank"], f["psum_entry"], n)
+            if floating:
+                x = x & 0xFFFF_FFFF                     # the FP32 codes
         y = activation_engine.activate(cfg, x, function=f["function"],
                                        multiplier=f["multiplier"], shift=f["shift"],
-                                       bias=bias.astype(np.int64), out_int32=f["out_int32"])
-        offset = f["dst_offset"]
-        if f["out_int32"]:
-            sbuf[:lanes, offset:offset + 4 * n] = y.astype("<i4").view(np.uint8)
-        else:
-            sbuf[:lanes, offset:offset + n] = y.astype(np.int8).view(np.uint8)
+                                       bias=bias.astype(np.int64), out_format=out.name)
+        offset, size = f["dst_offset"], out.bytes
+        # Little-endian, the low ``size`` bytes of each result (int8/int32 two's complement).
+        words = (np.asarray(y, np.int64) & 0xFFFF_FFFF).astype("<u4").view(np.uint8)
+        sbuf[:lanes, offset:offset + size * n] = words.reshape(lanes, n, 4)[..., :size] \
+            .reshape(lanes, size * n)
 
 
 class Core:
-    """The golden core of ``config`` (int8 path)."""
+    """The golden core of ``config``: the int8 path and the float formats of its
+    ``dtypes`` that the hardware implements."""
 
     def __init__(self, config):
         if "int8" not in config.dtypes:

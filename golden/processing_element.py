@@ -1,8 +1,13 @@
-"""Golden model of :mod:`opentrn.hdl.processing_element`: one wrapping multiply-accumulate."""
+"""Golden model of :mod:`opentrn.hdl.processing_element`: one multiply-accumulate, wrapping
+(int8) or in FP32 (the float formats)."""
 
 import numpy as np
 
-__all__ = ["wrap", "mac"]
+from opentrn import numerics
+
+from . import fp_adder, fp_multiplier
+
+__all__ = ["wrap", "mac", "mac_float"]
 
 
 def wrap(values, bits):
@@ -15,3 +20,14 @@ def wrap(values, bits):
 def mac(psum, x, weight, acc_bits):
     """``psum + x * weight`` wrapped to ``acc_bits``: what one PE sends down its column."""
     return wrap(np.int64(psum) + np.int64(x) * np.int64(weight), acc_bits)
+
+
+def mac_float(psum, x, weight, format_name):
+    """``fp_add32(psum, fp_mul(weight, x))``: the FP32 code a PE sends down its column for
+    codes ``x`` and ``weight`` of the float format ``format_name`` and the FP32 code
+    ``psum`` (broadcast; ``uint32``)."""
+    fmt = numerics.data_format(format_name)
+    if fmt.element is None or fmt.mx or format_name == "fp32":
+        raise ValueError(f"format={format_name!r}: must be a float tensor format the PE "
+                         "implements (bf16, fp8e4m3, fp8e5m2)")
+    return fp_adder.add(psum, fp_multiplier.multiply(weight, x, format_name))

@@ -1,14 +1,19 @@
 """Golden model of :mod:`opentrn.hdl.psum`: the PSUM image, with tensor-engine writes
-(overwrite or accumulate, wrapping to ``acc_bits``), activation reads and DMA word access.
+(overwrite or accumulate, wrapping to ``acc_bits``, or in FP32 for float results),
+activation reads and DMA word access.
 
 Entry ``(bank, entry)`` of partition ``p`` is the 4 bytes at offset
 ``(bank * psum_bank_entries + entry) * 4`` of ``image[p]``, little-endian: the ``acc_bits``
-two's-complement value sign-extended to 32 bits. A read of an entry takes the low
-``acc_bits`` bits of those 32 as a signed value (the DMA may have written any bytes).
+two's-complement value sign-extended to 32 bits, or an FP32 code. A read of an entry takes
+the low ``acc_bits`` bits of those 32 as a signed value (the DMA may have written any
+bytes); :meth:`PSUM.act_read_bits` gives the 32 bits as they are (the float path).
 """
 
 import numpy as np
 
+from opentrn import numerics
+
+from . import fp_adder
 from .partitioned_memory import PartitionedMemory, _check_index
 from .processing_element import wrap
 
@@ -49,31 +54,49 @@ class PSUM(PartitionedMemory):
         offset = entry_offset(self.config, bank, entry)
         return slice(offset, offset + ENTRY_BYTES)
 
+    def act_read_bits(self, bank, entry):
+        """The 32 stored bits of entry ``(bank, entry)`` of every partition, unsigned:
+        ``int64 [pe_cols]`` in ``[0, 2**32)`` (FP32 codes on the float path)."""
+        raw = self.image[:, self._entry_bytes(bank, entry)].astype(np.int64)
+        return raw @ (np.int64(1) << np.arange(0, 8 * ENTRY_BYTES, 8, dtype=np.int64))
+
     def act_read(self, bank, entry):
         """Entry ``(bank, entry)`` of every partition: ``int64 [pe_cols]``, ``acc_bits``
         signed."""
-        raw = self.image[:, self._entry_bytes(bank, entry)].astype(np.int64)
-        stored = raw @ (np.int64(1) << np.arange(0, 8 * ENTRY_BYTES, 8, dtype=np.int64))
-        return wrap(stored, self.config.acc_bits)
+        return wrap(self.act_read_bits(bank, entry), self.config.acc_bits)
 
-    def te_write(self, bank, entry, data, accumulate):
-        """One tensor-engine result beat into entry ``(bank, entry)`` of every partition:
-        ``data`` (``pe_cols`` signed ``acc_bits`` values) overwrites, or with ``accumulate``
-        is added to, the stored values, wrapping to ``acc_bits``. Returns the new values."""
+    def te_write(self, bank, entry, data, accumulate, *, float=False):
+        """One tensor-engine result beat into entry ``(bank, entry)`` of every partition.
+
+        Integer (``float`` false): ``data`` (``pe_cols`` signed ``acc_bits`` values)
+        overwrites, or with ``accumulate`` is added to, the stored values, wrapping to
+        ``acc_bits``. Float (ignored, as in the hardware, by a configuration without a float
+        format): ``data`` are FP32 codes (integers in ``[0, 2**32)``) that overwrite, or with
+        ``accumulate`` are added in FP32 to the stored codes, ``fp_add32(stored, data)``
+        (golden ``fp_adder``).
+        Returns the new values (signed integers, or codes)."""
         cfg = self.config
         span = self._entry_bytes(bank, entry)
         values = np.asarray(data)
-        lo, hi = -(1 << (cfg.acc_bits - 1)), (1 << (cfg.acc_bits - 1)) - 1
+        if float not in (0, 1, False, True):
+            raise ValueError(f"float={float!r}: must be 0 or 1")
+        # As the hardware: without a float format no FP32 adder is built, float is ignored.
+        float = bool(float) and bool(numerics.float_formats(cfg))
+        lo, hi = (0, (1 << 32) - 1) if float else \
+            (-(1 << (cfg.acc_bits - 1)), (1 << (cfg.acc_bits - 1)) - 1)
         if values.shape != (cfg.pe_cols,):
             raise ValueError(f"data has shape {values.shape}: must be ({cfg.pe_cols},)")
         if not np.issubdtype(values.dtype, np.integer) or values.min() < lo \
                 or values.max() > hi:
-            raise ValueError(f"data must hold integers in [{lo}, {hi}] (acc_bits="
-                             f"{cfg.acc_bits})")
+            what = "FP32 codes" if float else "integers"
+            rule = " (float=1)" if float else f" (acc_bits={cfg.acc_bits})"
+            raise ValueError(f"data must hold {what} in [{lo}, {hi}]{rule}")
         if accumulate not in (0, 1, False, True):
             raise ValueError(f"accumulate={accumulate!r}: must be 0 or 1")
         values = values.astype(np.int64)
-        if accumulate:
+        if accumulate and float:
+            values = fp_adder.add(self.act_read_bits(bank, entry), values).astype(np.int64)
+        elif accumulate:
             values = wrap(self.act_read(bank, entry) + values, cfg.acc_bits)
         # Sign-extended to 32 bits: the two's-complement bytes of the value.
         unsigned = values & 0xFFFF_FFFF

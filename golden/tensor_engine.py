@@ -13,18 +13,24 @@ from opentrn import numerics
 from . import fp_adder, fp_multiplier
 from .processing_element import wrap
 
-__all__ = ["Matmul", "Schedule", "matmul", "matmul_float", "latency", "load_cycles",
-           "reload_guard", "issue_interval", "schedule"]
+__all__ = ["Matmul", "Schedule", "matmul", "matmul_float", "matmul_bits", "element_bits",
+           "latency", "load_cycles", "reload_guard", "issue_interval", "schedule"]
+
+_INT8_LO, _INT8_HI = -128, 127
+
+
+def _shape(name, array, rows, cols_max):
+    array = np.asarray(array)
+    if array.ndim != 2 or array.shape[0] != rows or not 1 <= array.shape[1] <= cols_max:
+        raise ValueError(f"{name} has shape {array.shape}: must be ({rows}, 1..{cols_max})")
+    return array.astype(np.int64)
 
 
 def _check(config, name, array, rows, cols_max):
-    array = np.asarray(array)
-    lo, hi = -(1 << (config.in_bits - 1)), (1 << (config.in_bits - 1)) - 1
-    if array.ndim != 2 or array.shape[0] != rows or not 1 <= array.shape[1] <= cols_max:
-        raise ValueError(f"{name} has shape {array.shape}: must be ({rows}, 1..{cols_max})")
-    if array.size and (array.min() < lo or array.max() > hi):
-        raise ValueError(f"{name} has values outside int8 range [{lo}, {hi}]")
-    return array.astype(np.int64)
+    array = _shape(name, array, rows, cols_max)
+    if array.size and (array.min() < _INT8_LO or array.max() > _INT8_HI):
+        raise ValueError(f"{name} has values outside int8 range [{_INT8_LO}, {_INT8_HI}]")
+    return array
 
 
 def matmul(config, stationary, moving):
@@ -94,6 +100,47 @@ def matmul_float(stationary, moving, format_name, *, scale_stationary=None,
     return acc
 
 
+def element_bits(values, format_name):
+    """The raw element bits (``in_bits`` registers, zero-extended) of ``values`` of
+    ``format_name``: int8 values (-128..127) as their byte, float codes as they are."""
+    fmt = numerics.data_format(format_name)
+    values = np.asarray(values, dtype=np.int64)
+    if fmt.element is None:
+        if values.size and (values.min() < _INT8_LO or values.max() > _INT8_HI):
+            raise ValueError(f"values outside int8 range [{_INT8_LO}, {_INT8_HI}]")
+        return values & 0xFF
+    if values.size and (values.min() < 0 or values.max() >= 1 << fmt.element.bits):
+        raise ValueError(f"{format_name} codes must lie in [0, {(1 << fmt.element.bits) - 1}]")
+    return values
+
+
+def matmul_bits(config, stationary, moving, format_name):
+    """What the array computes from raw element bits (``in_bits`` wide: ``stationary``
+    [K, M'] as the weight registers hold them, ``moving`` [K, N]) for vectors of format
+    ``format_name``, whatever format the tile was loaded as: the low 8 bits of both as int8
+    (:func:`matmul`: ``acc_bits`` two's-complement sums, int64), or the low bits of a float
+    format's width as its codes (:func:`matmul_float`: FP32 codes, as int64 in
+    ``[0, 2**32)``). ``[M', N]``."""
+    fmt = numerics.data_format(format_name)
+    if format_name not in numerics.HARDWARE_TENSOR_FORMATS:
+        raise ValueError(f"format={format_name!r}: must be one of "
+                         f"{', '.join(numerics.HARDWARE_TENSOR_FORMATS)}")
+    for name, array in (("stationary", stationary), ("moving", moving)):
+        if np.asarray(array).dtype.kind not in "iu":
+            raise TypeError(f"{name}: must hold integers, not {np.asarray(array).dtype}")
+    stationary = _shape("stationary", stationary, config.pe_rows, config.pe_cols)
+    moving = _shape("moving", moving, config.pe_rows, config.moving_max)
+    for name, array in (("stationary", stationary), ("moving", moving)):
+        if array.size and (array.min() < 0 or array.max() >= 1 << config.in_bits):
+            raise ValueError(f"{name}: raw bits must lie in [0, {(1 << config.in_bits) - 1}] "
+                             f"(in_bits={config.in_bits})")
+    if fmt.element is None:
+        as_int8 = lambda bits: ((bits & 0xFF) ^ 0x80) - 0x80  # noqa: E731
+        return matmul(config, as_int8(stationary), as_int8(moving))
+    mask = (1 << fmt.element.bits) - 1
+    return matmul_float(stationary & mask, moving & mask, format_name).astype(np.int64)
+
+
 def latency(config):
     """Cycles from a moving vector's acceptance to its result beat: ``K + M - 1``."""
     return config.pe_rows + config.pe_cols - 1
@@ -120,10 +167,13 @@ def issue_interval(config, n, *, fresh):
 @dataclass(frozen=True)
 class Matmul:
     """One matmul of a program: a fresh ``stationary`` tile ([K, M']; M' <= M columns, the
-    rest zero) loaded and swapped in, or ``None`` to reuse the tile in use."""
+    rest zero) loaded and swapped in, or ``None`` to reuse the tile in use; the moving
+    vectors' ``format`` (int8 values, or codes of a float format; a reused tile's raw bits
+    meet them whatever format it was loaded as, see :func:`matmul_bits`)."""
 
     moving: np.ndarray
     stationary: np.ndarray | None = None
+    format: str = "int8"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from amaranth.hdl import Const, ValueCastable
 
 from opentrn.config import ConfigError
+from opentrn.numerics import HARDWARE_TENSOR_FORMATS
 
 from . import fp_adder, fp_cast, fp_multiplier
 from .activation_engine import ActivationEngine
@@ -38,10 +39,16 @@ def check(name, config):
     (before any hardware is elaborated)."""
     if name not in TOPS:
         raise ValueError(f"top={name!r}: must be one of {', '.join(TOPS)}")
-    if config.dtypes != ("int8",):
-        # A valid configuration (projections use it) that the hardware cannot build yet.
-        raise ConfigError(f"dtypes={','.join(config.dtypes)}: the hardware is built for int8 "
-                          "inputs only so far (try --set dtypes=int8)")
+    missing = [name for name in config.dtypes if name not in HARDWARE_TENSOR_FORMATS]
+    if missing or "int8" not in config.dtypes:
+        # A valid configuration (projections use it) that the hardware cannot build (yet).
+        buildable = ["int8"] + [n for n in config.dtypes
+                                if n in HARDWARE_TENSOR_FORMATS and n != "int8"]
+        rule = (f"the hardware implements {', '.join(HARDWARE_TENSOR_FORMATS)}, not "
+                f"{', '.join(missing)} yet" if missing else
+                "the hardware needs int8 among its formats (its integer path is always built)")
+        raise ConfigError(f"dtypes={','.join(config.dtypes)}: {rule} (try --set dtypes="
+                          f"{','.join(buildable)})")
     if name == "core":
         check_core(config)
 

@@ -1,16 +1,24 @@
-"""The activation engine, int8 path: ``out = saturate(f(round(x * multiplier + bias) /
-2**shift))`` per PSUM partition, from the tensor engine's accumulators to the SBUF format
-(Trainium's ``activation(scale, bias)``, with a fixed-point scale like Gemmini's
-``acc_scale``)."""
+"""The activation engine: ``out = f(x * scale + bias)`` per PSUM partition, from the tensor
+engine's accumulators to an SBUF format (Trainium's ``activation(scale, bias)``). Two paths,
+chosen per operation by ``out_format``: the integer path (int8 / int32 results, a
+fixed-point scale like Gemmini's ``acc_scale``: ``saturate(f(round((x * multiplier + bias) /
+2**shift)))``) and, in a build with float formats, the float path (FP32 scale and bias, the
+result cast to fp32, bf16 or fp8; docs/numerics.md)."""
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from opentrn import numerics
 from opentrn.config import Config
 
+from .fp_adder import FPAdder
+from .fp_cast import FPCast
+from .fp_multiplier import FPMultiplier
+
 __all__ = ["ActivationEngine", "IDENTITY", "RELU", "PARAM_BITS", "SHIFT_LIMIT", "OUT_BITS",
-           "STAGES", "params_layout", "input_layout", "output_layout"]
+           "INT8_RANGE", "STAGES", "params_layout", "input_layout", "output_layout",
+           "float_outputs"]
 
 #: Codes of the ``function`` parameter.
 IDENTITY, RELU = 0, 1
@@ -18,29 +26,50 @@ IDENTITY, RELU = 0, 1
 PARAM_BITS = 32
 #: ``shift`` takes the values ``0 .. SHIFT_LIMIT - 1``.
 SHIFT_LIMIT = 64
-#: Width of one output lane, and of the wide output format (``out_int32 = 1``).
+#: Width of one output lane, and of the wide integer output format (``int32``).
 OUT_BITS = 32
-#: Pipeline stages: multiply, add bias, shift, round-activate-saturate. A vector accepted in
-#: cycle ``c`` is on the output in cycle ``c + STAGES``.
+#: The int8 output range: the SBUF's int8 format, whatever ``in_bits`` (a build with bf16
+#: has 16-bit element registers, but an int8 result is still one byte).
+INT8_RANGE = (-128, 127)
+#: Pipeline stages: multiply, add bias, shift (float: the function), round-activate-saturate
+#: (float: the cast). A vector accepted in cycle ``c`` is on the output in cycle
+#: ``c + STAGES``.
 STAGES = 4
+
+_INT8 = numerics.data_format("int8").code
+_INT32 = numerics.data_format("int32").code
+
+
+def float_outputs(config):
+    """The names of the float path's output formats of ``config`` (fp32 and the non-MX float
+    input formats, in code order); empty without float formats: then no float path is
+    built."""
+    return tuple(fmt.name for fmt in numerics.activation_formats(config)
+                 if fmt.element is not None)
 
 
 def _check_config(config):
     if not isinstance(config, Config):
         raise TypeError(f"config={config!r}: must be an opentrn.config.Config")
-    if config.dtypes != ("int8",):
+    missing = [name for name in config.dtypes if name not in numerics.HARDWARE_TENSOR_FORMATS]
+    if missing:
         raise ValueError(f"dtypes={','.join(config.dtypes)}: the activation engine hardware "
-                         "implements the int8 path; the floating-point formats are not built yet")
+                         f"implements {', '.join(numerics.HARDWARE_TENSOR_FORMATS)}; "
+                         f"{', '.join(missing)} (MX) are modelled only")
+    if "int8" not in config.dtypes:
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: must include int8 (the "
+                         "activation engine's integer path is always built)")
 
 
 def params_layout(config):
     """The parameters of one operation; ``bias`` has one value per PSUM partition, in units
-    of ``2**-shift``."""
+    of ``2**-shift`` (integer path) or the FP32 bits (float path); ``multiplier`` is the
+    FP32 bits of the scale on the float path."""
     return data.StructLayout({
         "function": 1,
         "multiplier": signed(PARAM_BITS),
         "shift": range(SHIFT_LIMIT),
-        "out_int32": 1,
+        "out_format": numerics.FORMAT_CODE_BITS,
         "bias": data.ArrayLayout(signed(PARAM_BITS), config.pe_cols),
     })
 
@@ -55,8 +84,9 @@ def input_layout(config):
 
 
 def output_layout(config):
-    """One output beat: the saturated result of every partition, sign-extended to
-    ``OUT_BITS`` (int8 results lie in ``[-128, 127]``)."""
+    """One output beat: the result of every partition in ``OUT_BITS``: integer results
+    sign-extended (int8 results lie in ``[-128, 127]``), float results the code of the
+    output format zero-extended (so an fp32 code with its sign bit set reads negative)."""
     return data.StructLayout({
         "data": data.ArrayLayout(signed(OUT_BITS), config.pe_cols),
         "last": 1,
@@ -64,17 +94,34 @@ def output_layout(config):
 
 
 class ActivationEngine(wiring.Component):
-    """Per partition ``p`` (``P = pe_cols``) and element ``x``, in exact integer arithmetic:
+    """Per partition ``p`` (``P = pe_cols``) and element ``x``, by ``params.out_format``:
+
+    Integer path (``out_format`` int8 or int32), in exact integer arithmetic:
 
     1. ``pre = x * multiplier + bias[p]`` (no wrap: up to ``acc_bits + 33`` bits);
     2. ``r = pre / 2**shift`` rounded half to even (``shift = 0``: exact);
     3. ``a = r`` (``function = IDENTITY``) or ``max(r, 0)`` (``RELU``);
-    4. ``a`` saturated to ``in_bits`` (int8, ``out_int32 = 0``) or 32 bits (``out_int32 =
-       1``), sign-extended to ``OUT_BITS``.
+    4. ``a`` saturated to int8 ``[-128, 127]`` (not ``in_bits``, which is 16 in a build
+       with bf16) or int32, sign-extended to ``OUT_BITS``.
+
+    Float path (``out_format`` fp32, bf16, fp8e4m3 or fp8e5m2; built only when the config
+    has float formats, :func:`float_outputs`), on FP32 codes (docs/numerics.md): ``x`` is
+    the accumulator's 32 bits, the scale the 32 bits of ``multiplier``, the bias the 32 bits
+    of ``bias[p]``:
+
+    1. ``y = fp_mul32(x, scale)`` (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier`, fp32);
+    2. ``y = fp_add32(y, bias[p])`` (:class:`~opentrn.hdl.fp_adder.FPAdder`);
+    3. relu: ``+0`` if ``y``'s sign bit is set and ``y`` is not a NaN, else ``y``;
+    4. ``y`` cast to ``out_format`` (:class:`~opentrn.hdl.fp_cast.FPCast`), the code
+       zero-extended to ``OUT_BITS``. ``shift`` is not used.
 
     Pipeline (``STAGES`` = 4 registers): multiply; add the bias; arithmetic shift with the
-    guard and sticky bits; round, function and saturate into the output register. A vector
-    accepted in cycle ``c`` is on ``output`` in cycle ``c + STAGES``; one vector per cycle.
+    guard and sticky bits (float: the function); round, function and saturate (float: the
+    cast) into the output register. A vector accepted in cycle ``c`` is on ``output`` in
+    cycle ``c + STAGES``; one vector per cycle, on either path.
+
+    The path not selected gets zero operands, so that its logic does not toggle (which
+    costs simulation time, and power).
 
     Back-pressure: the pipeline advances as one when the output register is empty or being
     taken (``~output.valid | output.ready``), as the tensor engine does; ``input.ready`` is
@@ -82,13 +129,15 @@ class ActivationEngine(wiring.Component):
 
     ``params`` are plain inputs read by every stage: the user holds them constant from the
     first vector of an operation until its last result has been taken (the pipeline is
-    empty), and changes them only between operations.
+    empty), and changes them only between operations. An ``out_format`` code that is
+    neither an integer format nor a built float output gives unspecified results (the
+    activation unit refuses it).
 
     Members
     -------
     params : ``In(params_layout(config))``
         ``function`` (1 bit: 0 identity, 1 relu), ``multiplier`` (``signed(32)``),
-        ``shift`` (``range(64)``), ``out_int32`` (1 bit), ``bias``
+        ``shift`` (``range(64)``), ``out_format`` (``numerics.FORMAT_CODE_BITS``), ``bias``
         (``ArrayLayout(signed(32), pe_cols)``).
     input : ``In(stream.Signature(input_layout(config)))``
         ``data``: ``ArrayLayout(signed(acc_bits), pe_cols)``, ``last``.
@@ -122,12 +171,24 @@ class ActivationEngine(wiring.Component):
         ]
         take = self.input.valid & self.input.ready
 
+        floats = float_outputs(cfg)
+        # The path of the operation, decoded once for all lanes.
+        is_float = Signal()
+        is_int32 = Signal()
+        if floats:
+            m.d.comb += is_float.eq(Cat(params.out_format == numerics.data_format(name).code
+                                        for name in floats).any())
+        m.d.comb += is_int32.eq(params.out_format == _INT32)
+
         product_bits = cfg.acc_bits + PARAM_BITS          # signed a-bit x signed b-bit
         pre_bits = product_bits + 1                       # plus a 32-bit bias
-        narrow_lo, narrow_hi = -(1 << (cfg.in_bits - 1)), (1 << (cfg.in_bits - 1)) - 1
+        narrow_lo, narrow_hi = INT8_RANGE
         wide_lo, wide_hi = -(1 << (OUT_BITS - 1)), (1 << (OUT_BITS - 1)) - 1
         ones = Const((1 << pre_bits) - 1, pre_bits)
+        lo = Mux(is_int32, wide_lo, narrow_lo)
+        hi = Mux(is_int32, wide_hi, narrow_hi)
 
+        results = []                                      # stage 4's integer result per lane
         for p in range(cfg.pe_cols):
             product = Signal(signed(product_bits), name=f"product_{p}")
             pre = Signal(signed(pre_bits), name=f"pre_{p}")
@@ -142,11 +203,15 @@ class ActivationEngine(wiring.Component):
             below_guard = Signal(pre_bits, name=f"below_guard_{p}")
             rounded = Signal(signed(pre_bits + 1), name=f"rounded_{p}")
             activated = Signal(signed(pre_bits + 1), name=f"activated_{p}")
+            saturated = Signal(signed(OUT_BITS), name=f"saturated_{p}")
+            results.append(saturated)
             with m.If(advance):
-                # Stage 1: the exact product.
-                m.d.sync += product.eq(self.input.payload.data[p] * params.multiplier)
+                # Stage 1: the exact product; a zero operand on the float path, so that
+                # the multiplier does not toggle.
+                m.d.sync += product.eq(Mux(is_float, 0, self.input.payload.data[p])
+                                       * params.multiplier)
                 # Stage 2: plus the bias, exact (one bit wider).
-                m.d.sync += pre.eq(product + params.bias[p])
+                m.d.sync += pre.eq(product + Mux(is_float, 0, params.bias[p]))
 
                 # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to
                 # even from the bits shifted out: the guard bit (weight 2**(shift-1), the
@@ -173,11 +238,14 @@ class ActivationEngine(wiring.Component):
                 m.d.comb += [
                     rounded.eq(quotient + round_up),
                     activated.eq(Mux((params.function == RELU) & rounded[-1], 0, rounded)),
+                    saturated.eq(Mux(activated < lo, lo, Mux(activated > hi, hi, activated))),
                 ]
-                lo = Mux(params.out_int32, wide_lo, narrow_lo)
-                hi = Mux(params.out_int32, wide_hi, narrow_hi)
-                m.d.sync += self.output.payload.data[p].eq(
-                    Mux(activated < lo, lo, Mux(activated > hi, hi, activated)))
+
+        if floats:
+            results = self._float_path(m, advance, is_float, results)
+        with m.If(advance):
+            m.d.sync += [self.output.payload.data[p].eq(result)
+                         for p, result in enumerate(results)]
 
         # valid and last travel with the vector through the STAGES registers.
         in_flight = Signal(STAGES)
@@ -192,3 +260,46 @@ class ActivationEngine(wiring.Component):
             self.output.payload.last.eq(last[STAGES - 1]),
         ]
         return m
+
+    def _float_path(self, m, advance, is_float, int_results):
+        """The float path's stages 1 to 3 and its cast; returns, per lane, the stage 4
+        result of the operation's path (the float code or ``int_results[p]``)."""
+        cfg = self._config
+        params = self.params
+        lanes = cfg.pe_cols
+        fp32 = numerics.data_format("fp32").code
+        word = data.ArrayLayout(unsigned(32), lanes)
+
+        m.submodules.fp_multiplier = multiplier = FPMultiplier(formats=("fp32",), lanes=lanes)
+        m.submodules.fp_adder = adder = FPAdder(lanes=lanes)
+        m.submodules.fp_cast = cast = FPCast(formats=float_outputs(cfg), lanes=lanes)
+        product = Signal(word, name="fp_product")         # stage 1 register
+        total = Signal(word, name="fp_sum")               # stage 2 register
+        activated = Signal(word, name="fp_activated")     # stage 3 register
+
+        # The units see zeros on the integer path: their wide combinational lanes then do
+        # not toggle (Icarus re-evaluates every change, bit by bit).
+        m.d.comb += [
+            multiplier.format.eq(fp32),
+            multiplier.a.eq(Mux(is_float, Cat(self.input.payload.data[p][:32]
+                                              for p in range(lanes)), 0)),
+            multiplier.b.eq(Mux(is_float, params.multiplier.as_unsigned().replicate(lanes),
+                                0)),
+            adder.a.eq(product),
+            adder.b.eq(Mux(is_float, params.bias.as_value(), 0)),
+            cast.format.eq(params.out_format),
+            cast.a.eq(activated),
+        ]
+        relu = params.function == RELU
+        results = []
+        for p in range(lanes):
+            y = total[p]
+            # relu(-0) = +0 and relu(-inf) = +0; a NaN (the adder's is canonical, sign 0,
+            # but the rule does not rely on it) passes unchanged.
+            nan = (y[23:31] == 0xFF) & (y[:23] != 0)
+            with m.If(advance):
+                m.d.sync += activated[p].eq(Mux(relu & y[31] & ~nan, 0, y))
+            results.append(Mux(is_float, cast.result[p], int_results[p]))
+        with m.If(advance):
+            m.d.sync += [product.eq(multiplier.product), total.eq(adder.sum)]
+        return results

@@ -8,11 +8,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from opentrn import isa
+from opentrn import isa, numerics
 
 from . import psum as psum_mod
 from . import sbuf as sbuf_mod
-from .activation_engine import PARAM_BITS, ActivationEngine
+from .activation_engine import PARAM_BITS, ActivationEngine, float_outputs
 from .activation_engine import _check_config as check_engine_config
 from .partitioned_memory import (
     read_signature,
@@ -30,7 +30,7 @@ READ_LATENCY = 1
 #: response is registered before the engine sees it), so this many sustain one read per
 #: cycle.
 INPUT_SLOTS = READ_LATENCY + 2
-#: Bytes of one int32 result, and of a bias value.
+#: Bytes of a bias value (an int32, or FP32 on the float path), and of the widest result.
 INT32_BYTES = 4
 
 
@@ -41,26 +41,52 @@ def _check_config(config):
                          f"{config.sbuf_partitions} (lane p writes SBUF partition p)")
 
 
+def _out_bytes(out_format, config):
+    """The bytes of one result (1, 2 or 4) of the output format code ``out_format`` (a
+    value), for the formats of the build; 4 for a code the build lacks (refused anyway)."""
+    result = INT32_BYTES
+    for fmt in numerics.activation_formats(config):
+        if fmt.bytes != INT32_BYTES:
+            result = Mux(out_format == fmt.code, fmt.bytes, result)
+    return result
+
+
 def fault_of(m, check, config):
     """The :class:`opentrn.isa.Fault` code (a value) of ``check`` (a view of
-    ``isa.layout(ACTIVATE)``) by the ACTIVATE rules: ``BAD_FIELD`` first, then
-    ``OUT_OF_RANGE``; 0 for any other opcode."""
+    ``isa.layout(ACTIVATE)``) by the ACTIVATE rules: ``ILLEGAL_OPCODE`` for an
+    ``out_format`` the build lacks, then ``BAD_FIELD``, then ``OUT_OF_RANGE``; 0 for any
+    other opcode."""
     cfg = config
     size_bytes = cfg.sbuf_bytes_per_partition
     n = check.n
+    formats = numerics.activation_formats(cfg)
+    floats = [numerics.data_format(name).code for name in float_outputs(cfg)]
+    out_format = check.out_format
+    illegal = Signal(name="check_illegal_format")
+    m.d.comb += illegal.eq(~Cat(out_format == fmt.code for fmt in formats).any())
+    is_float = Signal(name="check_float")
+    m.d.comb += is_float.eq(Cat(out_format == code for code in floats).any() if floats else 0)
+    out_bytes = Signal(range(INT32_BYTES + 1), name="check_out_bytes")
+    m.d.comb += out_bytes.eq(_out_bytes(out_format, cfg))
     # Field values are at most 32 bits: these sums and products cannot wrap.
-    dst_bytes = Mux(check.out_int32, n * INT32_BYTES, n)
-    dst_end = check.dst_offset + dst_bytes
+    dst_end = check.dst_offset + n * out_bytes
     src_end = check.src_offset + n
 
     overlap = (check.src_offset < dst_end) & (check.dst_offset < src_end)
-    in_place = (check.src_offset == check.dst_offset) & ~check.out_int32
+    # In place: each SBUF source byte read before its one-byte result is written.
+    in_place = ((check.src_offset == check.dst_offset)
+                & (out_format == numerics.data_format("int8").code))
+    # The element bytes are 1, 2 or 4: the low two bits of the offset tell the alignment.
+    misaligned = Mux(out_bytes == INT32_BYTES, check.dst_offset[:2] != 0,
+                     Mux(out_bytes == 2, check.dst_offset[0], 0))
     bad_field = Signal(name="check_bad_field")
     m.d.comb += bad_field.eq(
         (n == 0) | (n > cfg.moving_max)
-        | (check.out_int32 & (check.dst_offset % INT32_BYTES != 0))
+        | misaligned
         | (check.bias & (check.bias_offset % INT32_BYTES != 0))
-        | (check.src & overlap & ~in_place))
+        | (check.src & overlap & ~in_place)
+        # The float path reads PSUM only (SBUF holds int8 sources) and has no shift.
+        | (is_float & (check.src | (check.shift != 0))))
 
     out_of_range = Signal(name="check_out_of_range")
     m.d.comb += out_of_range.eq(
@@ -72,8 +98,9 @@ def fault_of(m, check, config):
         | (check.bias & (check.bias_offset + INT32_BYTES > size_bytes)))
 
     return Mux(check.opcode != isa.Opcode.ACTIVATE, isa.Fault.NONE,
-               Mux(bad_field, isa.Fault.BAD_FIELD,
-                   Mux(out_of_range, isa.Fault.OUT_OF_RANGE, isa.Fault.NONE)))
+               Mux(illegal, isa.Fault.ILLEGAL_OPCODE,
+                   Mux(bad_field, isa.Fault.BAD_FIELD,
+                       Mux(out_of_range, isa.Fault.OUT_OF_RANGE, isa.Fault.NONE))))
 
 
 class ActivationUnit(wiring.Component):
@@ -82,18 +109,23 @@ class ActivationUnit(wiring.Component):
     Per instruction (docs/isa.md, "ACTIVATE"):
 
     1. With ``bias = 1``: one SBUF read of the word holding ``bias_offset``; lane ``p``'s
-       bias is the little-endian int32 at byte ``bias_offset % W`` of partition ``p``
+       bias is the little-endian 32 bits at byte ``bias_offset % W`` of partition ``p``
        (``W = dma_bus_bytes``; ``bias_offset`` is 4-aligned and ``W >= 4``, so it lies in
-       one word). Without bias the lanes' bias is 0.
+       one word): an int32 on the integer path, an FP32 on the float path. Without bias
+       the lanes' bias is 0 (int 0, FP32 ``+0``).
     2. The ``n`` input vectors: PSUM entries ``psum_entry + j`` of ``psum_bank`` (one read
-       each), or the int8 SBUF bytes ``src_offset + j`` sign-extended to ``acc_bits``
-       (each SBUF word read once, its bytes taken in turn).
+       each; on the float path their 32 bits are FP32 codes), or (integer path only) the
+       int8 SBUF bytes ``src_offset + j`` sign-extended to ``acc_bits`` (each SBUF word
+       read once, its bytes taken in turn).
     3. The :class:`~opentrn.hdl.activation_engine.ActivationEngine` pipeline, its params
-       held from the instruction register and the bias register.
+       held from the instruction register and the bias register; ``out_format`` selects
+       its path.
     4. Results to SBUF partition ``p`` (lane ``p < pe_cols``; other partitions have strobe
-       0) at ``dst_offset + j`` (the low byte) or ``dst_offset + 4 j`` (4 bytes,
-       little-endian). Results that fall in one SBUF word are merged into one write with
-       byte strobes; other bytes are untouched.
+       0) at ``dst_offset + B j``, ``B = data_format(out_format).bytes``: 1 (int8, fp8: the
+       low byte of the lane), 2 (bf16) or 4 (int32, fp32), little-endian. ``dst_offset``
+       is a multiple of ``B`` and ``W`` of 4, so a result never straddles words. Results
+       that fall in one SBUF word are merged into one write with byte strobes; other bytes
+       are untouched.
 
     Flow control. A read is requested only while an input buffer slot is free for its
     response (``INPUT_SLOTS``: one read per cycle is sustained), since responses cannot be
@@ -105,7 +137,8 @@ class ActivationUnit(wiring.Component):
     previous one has retired, so the engine params never change under vectors in flight.
     Within an instruction one vector enters the engine per cycle when the memories grant
     every cycle; an instruction takes ``n + 8`` cycles from its transfer to the cycle after
-    its retire (``+ 2`` with bias), when the next can transfer. In-place operation
+    its retire (``+ 2`` with bias), when the next can transfer, on either path and for
+    every output format. In-place operation
     (``src = 1``, ``src_offset == dst_offset``, int8 out) is correct because every source
     word is read once, before any result of its bytes exists.
 
@@ -120,7 +153,9 @@ class ActivationUnit(wiring.Component):
         ``check`` holds an instruction.
     fault : ``Out(3)``
         The :class:`opentrn.isa.Fault` code of ``check`` (0 when fine, when ``check_valid``
-        is low, or for another opcode): ``BAD_FIELD`` rules first, then ``OUT_OF_RANGE``.
+        is low, or for another opcode): ``ILLEGAL_OPCODE`` for an ``out_format`` not in
+        ``numerics.activation_formats(config)``, then the ``BAD_FIELD`` rules, then
+        ``OUT_OF_RANGE``.
     retire : ``Out(1)``
         One pulse per accepted instruction, in order, in the cycle its last result write
         transfers (the SBUF shows it from the next cycle).
@@ -183,7 +218,7 @@ class ActivationUnit(wiring.Component):
             engine.params.function.eq(ins.function),
             engine.params.multiplier.eq(ins.multiplier),
             engine.params.shift.eq(ins.shift),
-            engine.params.out_int32.eq(ins.out_int32),
+            engine.params.out_format.eq(ins.out_format),
             engine.params.bias.eq(bias),
         ]
 
@@ -208,6 +243,8 @@ class ActivationUnit(wiring.Component):
         assembly = Signal(data.ArrayLayout(unsigned(8 * width), lanes))
         assembly_strobe = Signal(width)
         write_last = Signal()
+        # Bytes of one result, decoded once per instruction.
+        result_bytes = Signal(range(INT32_BYTES + 1))
 
         src = ins.src
         last_index = ins.n - 1
@@ -238,6 +275,7 @@ class ActivationUnit(wiring.Component):
                         in_byte.eq(new.src_offset[:byte_bits]),
                         out_index.eq(0),
                         out_address.eq(new.dst_offset),
+                        result_bytes.eq(_out_bytes(new.out_format, cfg)),
                     ]
                     for p in range(lanes):
                         m.d.sync += bias[p].eq(0)
@@ -319,7 +357,6 @@ class ActivationUnit(wiring.Component):
 
         # -- engine -> assembly register -> write register -------------------------------
         result = engine.output
-        result_bytes = Mux(ins.out_int32, INT32_BYTES, 1)
         position = out_address[:byte_bits]
         # The result completes its word, or is the instruction's last: the word goes out.
         complete = Signal()
@@ -328,12 +365,16 @@ class ActivationUnit(wiring.Component):
         write_free = ~write.valid | write.ready
         m.d.comb += result.ready.eq(~complete | write_free)
         enable = Signal(width)
-        m.d.comb += enable.eq(Mux(ins.out_int32, (1 << INT32_BYTES) - 1, 1) << position)
+        m.d.comb += enable.eq(Mux(result_bytes == INT32_BYTES, 0b1111,
+                                  Mux(result_bytes == 2, 0b11, 0b1)) << position)
         merged = Signal(data.ArrayLayout(unsigned(8 * width), lanes))
         for p in range(lanes):
             value = result.payload.data[p]
-            # An int8 result is the low byte; the strobes pick the bytes it occupies.
-            bytes4 = Mux(ins.out_int32, value.as_unsigned(), value[:8].replicate(INT32_BYTES))
+            # A 1- or 2-byte result is the low bytes of the lane, repeated over 4 bytes and
+            # then over the word; it is aligned to its size, so the strobes pick its copy.
+            bytes4 = Mux(result_bytes == INT32_BYTES, value.as_unsigned(),
+                         Mux(result_bytes == 2, value[:16].replicate(2),
+                             value[:8].replicate(INT32_BYTES)))
             spread = Cat(*[bytes4] * (width // INT32_BYTES))
             m.d.comb += merged[p].eq(Cat(*[
                 Mux(enable[b], spread[8 * b:8 * b + 8], assembly[p][8 * b:8 * b + 8])

@@ -6,6 +6,9 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In
 from amaranth.utils import exact_log2
 
+from opentrn import numerics
+
+from .fp_adder import FPAdder
 from .partitioned_memory import (
     PartitionedMemory,
     read_signature,
@@ -17,7 +20,8 @@ from .partitioned_memory import (
 __all__ = ["PSUM", "ENTRY_BYTES", "geometry", "te_write_layout", "act_request_layout",
            "act_response_layout"]
 
-#: Bytes of one stored entry: an ``acc_bits`` value sign-extended to 32 bits, little-endian.
+#: Bytes of one stored entry: an ``acc_bits`` value sign-extended to 32 bits, or an FP32
+#: code, little-endian.
 ENTRY_BYTES = 4
 
 
@@ -35,10 +39,12 @@ def _values_shape(config):
 
 def te_write_layout(config):
     """One result beat of the tensor engine: entry ``(bank, entry)`` of every partition;
-    ``accumulate`` adds to the stored value instead of overwriting it."""
+    ``accumulate`` adds to the stored value instead of overwriting it; ``float``: the data
+    and the stored values are FP32 codes, added in FP32 (ignored, integer, in a build
+    without float formats)."""
     return data.StructLayout({
         "bank": range(config.psum_banks), "entry": range(config.psum_bank_entries),
-        "data": _values_shape(config), "accumulate": 1,
+        "data": _values_shape(config), "accumulate": 1, "float": 1,
     })
 
 
@@ -64,8 +70,11 @@ class PSUM(wiring.Component):
 
     * cycle ``t``: the beat is accepted and its word read (all partitions);
     * cycle ``t + 1``: the stored entry (``accumulate``) plus the beat, wrapped to
-      ``acc_bits``, or the beat alone (overwrite), is written with the entry's 4 byte
-      enables in every partition; a read granted from cycle ``t + 2`` on returns it.
+      ``acc_bits`` (or, with ``float``, ``fp_add32(stored, beat)`` of the FP32 codes: an
+      :class:`~opentrn.hdl.fp_adder.FPAdder` of ``pe_cols`` lanes, built only when the
+      configuration has a float format), or the beat alone (overwrite: its 32 bits), is
+      written with the entry's 4 byte enables in every partition; a read granted from
+      cycle ``t + 2`` on returns it.
 
     The hazard: the read of cycle ``t`` returns the word as it was before the write the
     memories take at the end of cycle ``t`` (the previous beat's write-back, or a granted
@@ -85,7 +94,7 @@ class PSUM(wiring.Component):
     -------
     te_write : ``In(stream.Signature(te_write_layout(config)))``
         ``bank``, ``entry``, ``data``: ``ArrayLayout(signed(acc_bits), pe_cols)``,
-        ``accumulate``.
+        ``accumulate``, ``float``.
     act_read : ``In(read_signature(act_request_layout, act_response_layout))``
         ``request.payload.{bank, entry}`` → ``response.payload.data``: the entry of every
         partition, ``ArrayLayout(signed(acc_bits), pe_cols)`` (the low ``acc_bits`` bits of
@@ -164,6 +173,7 @@ class PSUM(wiring.Component):
         s1_slot = Signal(slot_bits)
         s1_data = Signal(_values_shape(cfg))
         s1_accumulate = Signal()
+        s1_float = Signal()
         s1_hit = Signal()           # the commit of cycle t wrote this word
         s1_forward = Signal(data.ArrayLayout(entry_bits, partitions))
         s1_forward_en = Signal(data.ArrayLayout(ENTRY_BYTES, partitions))
@@ -174,6 +184,7 @@ class PSUM(wiring.Component):
             s1_slot.eq(te_slot),
             s1_data.eq(te.payload.data),
             s1_accumulate.eq(te.payload.accumulate),
+            s1_float.eq(te.payload.float),
             s1_hit.eq(commit.valid & (commit.payload.word == te_word) & int(self._forward)),
         ]
         for p in range(partitions):
@@ -186,12 +197,26 @@ class PSUM(wiring.Component):
         # -- te_write stage 1: merge, add, write back --------------------------------------
         write = memory.priority_write
         m.d.comb += [write.valid.eq(s1_valid), write.payload.word.eq(s1_word)]
+        merged = []
         for p in range(partitions):
             read = entry_bits_of(memory.direct_read.data[p], s1_slot)
-            merged = Cat(*[
+            merged.append(Cat(*[
                 Mux(s1_hit & s1_forward_en[p][byte],
                     s1_forward[p][8 * byte:8 * byte + 8], read[8 * byte:8 * byte + 8])
-                for byte in range(ENTRY_BYTES)])
+                for byte in range(ENTRY_BYTES)]))
+        fp_sum = None
+        if numerics.float_formats(cfg):
+            # acc_bits is 32 with a float format (Config), so an entry is one FP32 code.
+            m.submodules.adder = adder = FPAdder(lanes=partitions)
+            fp_sum = adder.sum
+            # Zero operands unless a float accumulate is in stage 1, so the adder does not
+            # toggle on integer beats; whole vectors, one assignment each (Icarus speed).
+            with m.If(s1_valid & s1_accumulate & s1_float):
+                m.d.comb += [
+                    adder.a.eq(Cat(*merged)),
+                    adder.b.eq(s1_data),
+                ]
+        for p in range(partitions):
             old = Signal(signed(acc_bits), name=f"old_{p}")
             new = Signal(signed(acc_bits), name=f"new_{p}")
             stored = Signal(signed(entry_bits), name=f"stored_{p}")
@@ -200,10 +225,15 @@ class PSUM(wiring.Component):
             # a net of concatenations that it re-propagates per bit: 10x faster simulation.
             with m.If(s1_valid):
                 m.d.comb += [
-                    old.eq(merged[:acc_bits]),
+                    old.eq(merged[p][:acc_bits]),
                     # Assignment to acc_bits bits wraps the sum (two's complement).
                     new.eq(Mux(s1_accumulate, old + s1_data[p], s1_data[p])),
                     stored.eq(new),     # sign-extends to 32 bits
+                ]
+                if fp_sum is not None:
+                    with m.If(s1_accumulate & s1_float):
+                        m.d.comb += new.eq(fp_sum[p])
+                m.d.comb += [
                     # Every slot carries the value; the strobes pick the entry's 4 bytes.
                     write.payload.data[p].eq(Cat(*[stored] * (word_bytes // ENTRY_BYTES))),
                     write.payload.strobe[p].eq(

@@ -1,32 +1,50 @@
 """The tensor engine: a weight-stationary systolic array computing
 ``out[M, N] = stationary[K, M].T @ moving[K, N]`` (Trainium's ``nc_matmul`` semantics)."""
 
-from amaranth import Module, Signal, signed
+from amaranth import Module, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from opentrn import numerics
+
 from .processing_element import ProcessingElement
 
-__all__ = ["TensorEngine", "stationary_layout", "moving_layout", "result_layout"]
+__all__ = ["TensorEngine", "formats", "stationary_layout", "moving_layout", "result_layout"]
+
+
+def formats(config):
+    """The tensor format names the array of ``config`` is built for, in code order; raises
+    for a configuration the hardware cannot build (an MX format, or no int8)."""
+    missing = [name for name in config.dtypes if name not in numerics.HARDWARE_TENSOR_FORMATS]
+    if missing:
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: the tensor engine hardware "
+                         f"implements {', '.join(numerics.HARDWARE_TENSOR_FORMATS)}, not "
+                         f"{', '.join(missing)}")
+    if "int8" not in config.dtypes:
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: must include int8 (the integer "
+                         "path is always built)")
+    return tuple(fmt.name for fmt in numerics.matmul_formats(config))
 
 
 def _element_shape(config):
-    if config.dtypes != ("int8",):
-        raise ValueError(f"dtypes={','.join(config.dtypes)}: the tensor engine hardware "
-                         "implements int8 inputs; the floating-point formats are not built yet")
-    return signed(config.in_bits)
+    formats(config)
+    # Raw element bits: an int8 or FP8 code zero-extended, or a BF16 code.
+    return unsigned(config.in_bits)
 
 
 def stationary_layout(config):
     """One stationary beat: column ``m`` of the stationary tile, one element per array row
-    (``stationary[:, m]``), as the SBUF delivers it (one element per partition)."""
+    (``stationary[:, m]``), as the SBUF delivers it (one element per partition): raw bits,
+    ``in_bits`` wide, whatever the format (the format comes with each moving vector)."""
     return data.StructLayout({
         "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
     })
 
 
 def moving_layout(config):
-    """One moving beat: column ``n`` of the moving tile, one element per array row.
+    """One moving beat: column ``n`` of the moving tile, one element per array row (raw
+    bits, ``in_bits`` wide), and the vector's ``format`` code (``numerics.DataFormat.code``),
+    which decides how every PE multiplies and adds it (docs/numerics.md).
 
     ``swap`` marks the first vector of a matmul that uses the most recently loaded stationary
     tile (the engine holds it until that load has completed); without it the vector uses the
@@ -35,13 +53,15 @@ def moving_layout(config):
     """
     return data.StructLayout({
         "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
+        "format": numerics.FORMAT_CODE_BITS,
         "swap": 1,
         "last": 1,
     })
 
 
 def result_layout(config):
-    """One result beat: column ``n`` of ``out``, all ``pe_cols`` values, de-skewed."""
+    """One result beat: column ``n`` of ``out``, all ``pe_cols`` values, de-skewed:
+    ``acc_bits`` two's-complement sums for int8, FP32 codes for a float format."""
     return data.StructLayout({
         "data": data.ArrayLayout(signed(config.acc_bits), config.pe_cols),
         "last": 1,
@@ -49,12 +69,17 @@ def result_layout(config):
 
 
 class TensorEngine(wiring.Component):
-    """A ``pe_rows x pe_cols`` weight-stationary systolic array.
+    """A ``pe_rows x pe_cols`` weight-stationary systolic array of
+    :class:`~opentrn.hdl.processing_element.ProcessingElement` s built for the formats of
+    ``config.dtypes``.
 
     Row ``k`` holds ``stationary[k, :]``; moving element ``moving[k, n]`` enters row ``k``
     skewed by ``k`` cycles and flows right; partial sums flow down; column ``m`` produces
     ``out[m, n]``, which is de-skewed so that one result beat carries all ``pe_cols`` values
-    of one column ``n`` of ``out``.
+    of one column ``n`` of ``out``. Each vector's format code travels with it (down the skew
+    lines and along the rows, as its bank does): the stationary tile holds raw bits, so
+    vectors of different formats may use one tile (the tensor unit allows only the format of
+    the load; the array does not care).
 
     Timing (``K = pe_rows``, ``M = pe_cols``; see docs/performance.md):
 
@@ -80,8 +105,11 @@ class TensorEngine(wiring.Component):
     """
 
     def __init__(self, *, config):
-        if config.dtypes != ("int8",):
+        try:
+            self._formats = formats(config)
+        except ValueError:
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
+            raise
         self._config = config
         super().__init__({
             "stationary": In(stream.Signature(stationary_layout(config))),
@@ -132,7 +160,8 @@ class TensorEngine(wiring.Component):
             m.d.sync += guard.eq(guard - 1)
 
         # -- the array ---------------------------------------------------------------------
-        pes = [[ProcessingElement(in_bits=cfg.in_bits, acc_bits=cfg.acc_bits)
+        pes = [[ProcessingElement(in_bits=cfg.in_bits, acc_bits=cfg.acc_bits,
+                                  formats=self._formats)
                 for _ in range(cols)] for _ in range(rows)]
         for row in range(rows):
             for col in range(cols):
@@ -141,13 +170,14 @@ class TensorEngine(wiring.Component):
         for row in range(rows):
             # Skew: row k sees a vector k cycles after row 0, in step with the partial sums
             # coming down from the rows above.
-            x, bank = self.moving.payload.data[row], vector_bank
+            x, bank, fmt = self.moving.payload.data[row], vector_bank, self.moving.payload.format
             for stage in range(row):
-                x_reg = Signal(signed(cfg.in_bits), name=f"skew_x_{row}_{stage}")
+                x_reg = Signal(unsigned(cfg.in_bits), name=f"skew_x_{row}_{stage}")
                 bank_reg = Signal(name=f"skew_bank_{row}_{stage}")
+                fmt_reg = Signal(numerics.FORMAT_CODE_BITS, name=f"skew_format_{row}_{stage}")
                 with m.If(advance):
-                    m.d.sync += [x_reg.eq(x), bank_reg.eq(bank)]
-                x, bank = x_reg, bank_reg
+                    m.d.sync += [x_reg.eq(x), bank_reg.eq(bank), fmt_reg.eq(fmt)]
+                x, bank, fmt = x_reg, bank_reg, fmt_reg
             for col in range(cols):
                 pe = pes[row][col]
                 left = pes[row][col - 1] if col else None
@@ -155,6 +185,7 @@ class TensorEngine(wiring.Component):
                     pe.enable.eq(advance),
                     pe.x_in.eq(left.x_out if left else x),
                     pe.bank_in.eq(left.bank_out if left else bank),
+                    pe.format_in.eq(left.format_out if left else fmt),
                     pe.psum_in.eq(pes[row - 1][col].psum_out if row else 0),
                     pe.weight_we.eq(load & (load_column == col)),
                     pe.weight_bank.eq(load_bank),

@@ -1,13 +1,13 @@
 """The tensor unit: executes the tensor engine's instructions (``LOAD_STATIONARY``,
 ``MATMUL``) by reading the SBUF, driving the systolic array and writing the PSUM."""
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
-from opentrn import isa
+from opentrn import isa, numerics
 
 from . import psum, sbuf
 from .partitioned_memory import (
@@ -16,7 +16,7 @@ from .partitioned_memory import (
     vector_response_layout,
     vector_shape,
 )
-from .tensor_engine import TensorEngine
+from .tensor_engine import TensorEngine, formats
 
 __all__ = ["TensorUnit"]
 
@@ -35,15 +35,23 @@ _MATMUL_WORDS = 4
 _SEQUENCE_BITS = ceil_log2(_LOAD_JOBS + _MATMUL_JOBS) + 1
 
 
+def _has_wide(config):
+    """A format of two-byte elements (bf16) is built: the column readers can read them."""
+    return any(numerics.data_format(name).bytes == 2 for name in config.dtypes)
+
+
 def _common_job(config, count_max):
     """The fields a column reader needs: the words to read and where the columns are."""
     _, word_bytes, depth = sbuf.geometry(config)
-    return {
+    fields = {
         "first_word": range(depth), "last_word": range(depth),
         "lane": exact_log2(word_bytes),          # byte of column 0 within its word
         "count": range(count_max + 1),           # columns read from the SBUF
         "sequence": _SEQUENCE_BITS,              # program order (wraps)
     }
+    if _has_wide(config):
+        fields["wide"] = 1                       # elements of 2 bytes (else 1)
+    return fields
 
 
 def _load_job(config):
@@ -56,8 +64,11 @@ def _matmul_job(config):
         **_common_job(config, config.moving_max),
         "bank": range(config.psum_banks), "entry": range(config.psum_bank_entries),
         "accumulate": 1,
+        "format": numerics.FORMAT_CODE_BITS,     # the moving vectors' format
         "swap": 1,                               # a load was accepted since the last matmul
         "macs": range(config.pe_rows * config.pe_cols + 1),   # rows * cols of its tile
+        "rows": range(config.pe_rows + 1),       # of its tile: partitions it reads
+        "cols": range(config.pe_cols + 1),       # of its tile: PSUM partitions it writes
     })
 
 
@@ -86,8 +97,10 @@ class _ColumnReader:
     ``finish`` (the current job is complete: dequeue it).
     Outputs: ``space``, ``want``/``word`` (request), ``gen_job`` (the address generator's
     job), ``job`` (the extractor's job), ``has_job``, ``col``, ``in_data``
-    (``col < job.count``), ``word_ready`` (a word is held), ``column`` (byte ``col`` of the
-    job).
+    (``col < job.count``), ``word_ready`` (a word is held), ``column`` (element ``col`` of
+    the job in every partition, zero-extended to ``in_bits``: one byte, or with ``job.wide``
+    two adjacent bytes of one word, little-endian; element-aligned offsets and words of at
+    least 4 bytes keep an element within one word).
     """
 
     def __init__(self, m, name, *, config, layout, jobs, words, col_max):
@@ -108,7 +121,9 @@ class _ColumnReader:
         self.col = Signal(range(col_max + 1), name=f"{name}_col")
         self.in_data = Signal(name=f"{name}_in_data")
         self.word_ready = Signal(name=f"{name}_word_ready")
-        self.column = Signal(data.ArrayLayout(8, partitions), name=f"{name}_column")
+        self.column = Signal(data.ArrayLayout(config.in_bits, partitions),
+                             name=f"{name}_column")
+        wide_built = _has_wide(config)
 
         # -- job queue: one write pointer, two read pointers (address generator, extractor)
         queue = [Signal(layout, name=f"{name}_queue_{i}") for i in range(jobs)]
@@ -161,20 +176,30 @@ class _ColumnReader:
         lane = Signal(exact_log2(word_bytes), name=f"{name}_lane")
         _select(m, self.job, queue, extract_at)
         _select(m, head, buffer, drain_at)
+        wide = self.job.wide if wide_built else 0
         m.d.comb += [
-            lane.eq(self.job.lane + self.col),   # wraps within the word
+            lane.eq(self.job.lane + (self.col << wide)),   # wraps within the word
             self.in_data.eq(self.col < self.job.count),
             self.word_ready.eq(stored != 0),
         ]
         with m.Switch(lane):
             for byte in range(word_bytes):
                 with m.Case(byte):
-                    m.d.comb += [self.column[p].eq(head[p][byte]) for p in range(partitions)]
-        # A word is done after its last byte or the job's last column (the next job reads
-        # its own words, even the same one).
+                    narrow = [self.column[p].eq(head[p][byte]) for p in range(partitions)]
+                    if wide_built and byte + 1 < word_bytes:
+                        with m.If(wide):
+                            m.d.comb += [self.column[p].eq(Cat(head[p][byte], head[p][byte + 1]))
+                                         for p in range(partitions)]
+                        with m.Else():
+                            m.d.comb += narrow
+                    else:
+                        m.d.comb += narrow
+        # A word is done after its last element or the job's last column (the next job
+        # reads its own words, even the same one).
         pop = Signal(name=f"{name}_pop")
         m.d.comb += pop.eq(self.take & self.in_data
-                           & ((lane == word_bytes - 1) | (self.col == self.job.count - 1)))
+                           & ((lane == word_bytes - 1 - wide)
+                              | (self.col == self.job.count - 1)))
         with m.If(pop):
             m.d.sync += drain_at.eq(_wrap_increment(drain_at, words))
         m.d.sync += [
@@ -197,14 +222,22 @@ class TensorUnit(wiring.Component):
     They share ``sbuf_read``, the older instruction first, so the next tile's columns are
     read and fed to the array's idle weight bank while the current matmul streams its moving
     vectors; the array keeps program order (a swap waits for the load, a load waits for the
-    swap before it). One SBUF read serves up to ``dma_bus_bytes`` columns.
+    swap before it). One SBUF read serves up to ``dma_bus_bytes / bytes`` columns, where
+    ``bytes`` is the element size of the instruction's ``format`` (1 for int8 and FP8, 2 for
+    BF16); the array takes one column per cycle in every format.
 
-    * A load: ``pe_cols`` stationary beats, column ``m < cols`` from byte
-      ``sbuf_offset + m`` of partitions ``< rows`` (others 0), then zero columns.
-    * A matmul: ``n`` moving vectors, the first with ``swap`` when a load was accepted since
-      the previous matmul, the final one with ``last``; result ``j`` goes to PSUM
-      ``(psum_bank, psum_entry + j)``. A FIFO of ``pe_rows + pe_cols`` entries holds the
-      destination of the matmuls whose results are in flight.
+    * A load: ``pe_cols`` stationary beats, column ``m < cols`` the element at byte
+      ``sbuf_offset + m * bytes`` of partitions ``< rows`` (others 0), zero-extended to
+      ``in_bits``, then zero columns.
+    * A matmul: ``n`` moving vectors of its ``format`` (the element at byte
+      ``sbuf_offset + j * bytes`` of partitions ``<`` the tile's ``rows``, others 0), the
+      first with ``swap`` when a load was accepted since the previous matmul, the final one
+      with ``last``; result ``j`` goes to PSUM ``(psum_bank, psum_entry + j)``, 0 in the
+      partitions ``>=`` the tile's ``cols``, with ``float`` set for a float format (the PSUM
+      accumulates FP32 codes). Zeroing both keeps whatever lies outside the tile out of the
+      results, as the ISA says: for int8 the zero weights already do it, but a float
+      ``0 * inf`` is NaN. A FIFO of ``pe_rows + pe_cols`` entries holds the destination of
+      the matmuls whose results are in flight.
     * Instructions retire in program order: a load once its last column entered the array,
       a matmul two cycles after its last result beat was accepted by the PSUM (readable).
 
@@ -216,7 +249,8 @@ class TensorUnit(wiring.Component):
         An instruction to check.
     fault : ``Out(3)``
         Combinational: the :class:`~opentrn.isa.Fault` of ``check`` by the field rules and
-        the state rules (from the instructions accepted so far); 0 when fine, when
+        the state rules (from the instructions accepted so far: a load pending, the format
+        of the latest load), in the order of docs/isa.md ("Errors"); 0 when fine, when
         ``check_valid`` is low, or for other opcodes.
     retire : ``Out(1)``
         One pulse per accepted instruction, in program order, when it completes.
@@ -234,10 +268,11 @@ class TensorUnit(wiring.Component):
     """
 
     def __init__(self, *, config):
-        if config.dtypes != ("int8",):
+        try:
+            formats(config)
+        except ValueError:
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise ValueError(f"dtypes={','.join(config.dtypes)}: the tensor unit drives the int8 "
-                             "tensor engine; the floating-point formats are not built yet")
+            raise
         self._config = config
         partitions, word_bytes, depth = sbuf.geometry(config)
         super().__init__({
@@ -256,25 +291,48 @@ class TensorUnit(wiring.Component):
 
     # -- checks --------------------------------------------------------------------------
 
-    def _check(self, m, loaded, load_pending):
-        """``fault`` for the instruction on ``check`` (docs/isa.md, in its rule order)."""
+    def _element(self, m, code, name):
+        """``(legal, wide)`` of a format code: a format of the build (``matmul_formats``),
+        and one of 2-byte elements."""
+        legal = Signal(name=f"{name}_legal")
+        wide = Signal(name=f"{name}_wide")
+        built = numerics.matmul_formats(self._config)
+        m.d.comb += [
+            legal.eq(Cat(code == fmt.code for fmt in built).any()),
+            wide.eq(Cat(code == fmt.code for fmt in built if fmt.bytes == 2).any()),
+        ]
+        return legal, wide
+
+    def _check(self, m, loaded, load_pending, tile_format):
+        """``fault`` for the instruction on ``check`` (docs/isa.md, in its rule order):
+        ``ILLEGAL_OPCODE`` for a format the build lacks, then ``BAD_FIELD``, then
+        ``OUT_OF_RANGE`` (extents in bytes: elements of the format's size)."""
         cfg = self._config
         k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
         size = cfg.sbuf_bytes_per_partition
         load = data.View(isa.layout(isa.Opcode.LOAD_STATIONARY), self.check.as_value())
         mm = self.check
+        load_legal, load_wide = self._element(m, load.format, "check_load")
+        mm_legal, mm_wide = self._element(m, mm.format, "check_matmul")
         with m.If(self.check_valid):
             with m.Switch(mm.opcode):
                 with m.Case(int(isa.Opcode.LOAD_STATIONARY)):
-                    with m.If(load_pending | (load.rows == 0) | (load.rows > k_rows)
-                              | (load.cols == 0) | (load.cols > m_cols)):
+                    with m.If(~load_legal):
+                        m.d.comb += self.fault.eq(int(isa.Fault.ILLEGAL_OPCODE))
+                    with m.Elif(load_pending | (load.rows == 0) | (load.rows > k_rows)
+                                | (load.cols == 0) | (load.cols > m_cols)
+                                | (load_wide & load.sbuf_offset[0])):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
-                    with m.Elif(load.sbuf_offset + load.cols > size):
+                    with m.Elif(load.sbuf_offset + (load.cols << load_wide) > size):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
                 with m.Case(int(isa.Opcode.MATMUL)):
-                    with m.If(~loaded | (mm.n == 0) | (mm.n > cfg.moving_max)):
+                    with m.If(~mm_legal):
+                        m.d.comb += self.fault.eq(int(isa.Fault.ILLEGAL_OPCODE))
+                    with m.Elif(~loaded | (mm.n == 0) | (mm.n > cfg.moving_max)
+                                | (mm_wide & mm.sbuf_offset[0])
+                                | (mm.format != tile_format)):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
-                    with m.Elif((mm.sbuf_offset + mm.n > size)
+                    with m.Elif((mm.sbuf_offset + (mm.n << mm_wide) > size)
                                 | (mm.psum_bank >= cfg.psum_banks)
                                 | (mm.psum_entry + mm.n > cfg.psum_bank_entries)):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
@@ -292,8 +350,11 @@ class TensorUnit(wiring.Component):
         loaded = Signal()            # a LOAD_STATIONARY was accepted
         load_pending = Signal()      # ... and no MATMUL after it yet
         tile_macs = Signal(range(k_rows * m_cols + 1))   # rows * cols of the latest load
+        tile_rows = Signal(range(k_rows + 1))
+        tile_cols = Signal(range(m_cols + 1))
+        tile_format = Signal(numerics.FORMAT_CODE_BITS)   # format of the latest load
         sequence = Signal(_SEQUENCE_BITS)                 # of the next instruction
-        self._check(m, loaded, load_pending)
+        self._check(m, loaded, load_pending, tile_format)
 
         loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=_LOAD_JOBS,
                               words=_LOAD_WORDS, col_max=m_cols)
@@ -314,27 +375,35 @@ class TensorUnit(wiring.Component):
             self.instruction.ready.eq(order.w_rdy & Mux(is_load, loads.space, matmuls.space)),
         ]
         accept = self.instruction.valid & self.instruction.ready
+        wide_built = _has_wide(cfg)
+        _, load_wide = self._element(m, load.format, "accept_load")
+        _, matmul_wide = self._element(m, word.format, "accept_matmul")
 
-        def place(job, offset, count):
-            """The word span and first lane of ``count`` columns from byte ``offset``."""
+        def place(job, offset, count, wide):
+            """The word span and first lane of ``count`` columns (elements of 1 byte, or 2
+            bytes when ``wide``) from byte ``offset``."""
             offset = offset[:offset_bits]
             return [
                 job.first_word.eq(offset >> lane_bits),
-                job.last_word.eq((offset + count - 1) >> lane_bits),
+                job.last_word.eq((offset + (count << wide) - 1) >> lane_bits),
                 job.lane.eq(offset[:lane_bits]),
                 job.count.eq(count),
                 job.sequence.eq(sequence),
+                *([job.wide.eq(wide)] if wide_built else []),
             ]
 
         m.d.comb += [
-            *place(loads.push_job, load.sbuf_offset, load.cols),
+            *place(loads.push_job, load.sbuf_offset, load.cols, load_wide),
             loads.push_job.rows.eq(load.rows),
-            *place(matmuls.push_job, word.sbuf_offset, word.n),
+            *place(matmuls.push_job, word.sbuf_offset, word.n, matmul_wide),
+            matmuls.push_job.format.eq(word.format),
             matmuls.push_job.bank.eq(word.psum_bank),
             matmuls.push_job.entry.eq(word.psum_entry),
             matmuls.push_job.accumulate.eq(word.accumulate),
             matmuls.push_job.swap.eq(load_pending),
             matmuls.push_job.macs.eq(tile_macs),
+            matmuls.push_job.rows.eq(tile_rows),
+            matmuls.push_job.cols.eq(tile_cols),
             loads.push.eq(accept & is_load),
             matmuls.push.eq(accept & ~is_load),
             order.w_en.eq(accept),
@@ -346,7 +415,9 @@ class TensorUnit(wiring.Component):
                 # rows <= K and cols <= M (checked): the product of the narrow fields.
                 rows = load.rows[:ceil_log2(k_rows + 1)]
                 cols = load.cols[:ceil_log2(m_cols + 1)]
-                m.d.sync += [loaded.eq(1), load_pending.eq(1), tile_macs.eq(rows * cols)]
+                m.d.sync += [loaded.eq(1), load_pending.eq(1), tile_macs.eq(rows * cols),
+                             tile_rows.eq(rows), tile_cols.eq(cols),
+                             tile_format.eq(load.format)]
             with m.Else():
                 m.d.sync += load_pending.eq(0)
 
@@ -403,7 +474,8 @@ class TensorUnit(wiring.Component):
         # -- matmul path: n moving vectors per matmul --------------------------------------
         result_layout = data.StructLayout({"bank": range(cfg.psum_banks),
                                            "entry": range(cfg.psum_bank_entries),
-                                           "accumulate": 1})
+                                           "accumulate": 1, "float": 1,
+                                           "cols": range(m_cols + 1)})
         # Results leave K + M - 1 cycles after their vector entered: this many one-vector
         # matmuls can be in flight.
         m.submodules.results = results = SyncFIFO(width=result_layout.size,
@@ -414,7 +486,7 @@ class TensorUnit(wiring.Component):
         m.d.comb += [
             # A matmul enters only with a slot for its results' destination.
             moving.valid.eq(matmuls.has_job & matmuls.word_ready & (~first | results.w_rdy)),
-            moving.payload.data.eq(matmuls.column),
+            moving.payload.format.eq(matmuls.job.format),
             moving.payload.swap.eq(first & matmuls.job.swap),
             moving.payload.last.eq(last),
             matmuls.take.eq(moving.valid & moving.ready),
@@ -423,11 +495,19 @@ class TensorUnit(wiring.Component):
             self.busy.eq(matmuls.take),
             self.macs.eq(Mux(matmuls.take, matmuls.job.macs, 0)),
         ]
+        # Partitions past the tile's rows enter as 0 and PSUM partitions past its columns get
+        # 0: outside the tile nothing contributes, whatever the SBUF holds there (a float
+        # 0 * inf would be NaN).
+        for row in range(k_rows):
+            with m.If(row < matmuls.job.rows):
+                m.d.comb += moving.payload.data[row].eq(matmuls.column[row])
         destination = data.View(result_layout, results.w_data)
         m.d.comb += [
             destination.bank.eq(matmuls.job.bank),
             destination.entry.eq(matmuls.job.entry),
             destination.accumulate.eq(matmuls.job.accumulate),
+            destination.float.eq(matmuls.job.format != numerics.data_format("int8").code),
+            destination.cols.eq(matmuls.job.cols),
         ]
 
         # -- results -> PSUM -------------------------------------------------------------
@@ -438,10 +518,14 @@ class TensorUnit(wiring.Component):
             write.valid.eq(engine.result.valid),
             write.payload.bank.eq(head.bank),
             write.payload.entry.eq(head.entry + result_index),
-            write.payload.data.eq(engine.result.payload.data),
             write.payload.accumulate.eq(head.accumulate),
+            write.payload.float.eq(head.float),
             engine.result.ready.eq(write.ready),
         ]
+        with m.If(write.valid):         # one process per column: fast on Icarus
+            for col in range(m_cols):
+                with m.If(col < head.cols):
+                    m.d.comb += write.payload.data[col].eq(engine.result.payload.data[col])
         written = write.valid & write.ready
         matmul_done = Signal()       # the last beat was accepted last cycle
         m.d.sync += matmul_done.eq(written & engine.result.payload.last)

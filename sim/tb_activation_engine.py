@@ -8,7 +8,12 @@ waits until every result of the previous operation has been taken (the pipeline 
 
 The random operations are weighted toward the corners: ties (remainder exactly half),
 saturation of both formats at both ends, extreme multipliers (+-2**31), shifts 0, 1, 31, 62
-and 63, negative values and relu. The report counts what the run met.
+and 63, negative values and relu. In a build with float formats the float path runs too
+(``test_float_operations``, ``test_float_backpressure``): every float output format and
+function, FP32 inputs, scales and biases weighted to the edges (zeros of both signs,
+subnormals, infinities, NaNs, the largest finite values, cast ties and overflow
+thresholds), with integer operations interleaved so that the path changes between
+operations. The report counts what the run met.
 
 Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables):
 
@@ -16,6 +21,8 @@ Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables
 ``OPENTRN_VECTORS``   random vectors of ``test_random_operations`` (default 2000);
 ``OPENTRN_BP_VECTORS``  random vectors of ``test_random_backpressure`` (default 600);
 ``OPENTRN_BURST``     vectors of the one operation of ``test_throughput`` (default 200);
+``OPENTRN_FLOAT_VECTORS``  random vectors of ``test_float_operations`` (default 1000);
+``OPENTRN_FLOAT_BP_VECTORS``  random vectors of ``test_float_backpressure`` (default 300);
 ``OPENTRN_SEED``      seed of the workload generator;
 ``OPENTRN_REPORT``    a JSON file the tests append their statistics to.
 """
@@ -28,8 +35,15 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge
 
+from opentrn import numerics
 from opentrn.golden import activation_engine as golden
-from opentrn.hdl.activation_engine import input_layout, output_layout, params_layout
+from opentrn.golden import fp_adder, fp_cast, fp_multiplier
+from opentrn.hdl.activation_engine import (
+    float_outputs,
+    input_layout,
+    output_layout,
+    params_layout,
+)
 
 from . import harness
 from .streams import PayloadCodec, StreamSink, StreamSource
@@ -37,13 +51,36 @@ from .streams import PayloadCodec, StreamSink, StreamSource
 #: The shifts every random run is weighted toward.
 SPECIAL_SHIFTS = (0, 1, 31, 62, 63)
 INT32_MIN, INT32_MAX = -(1 << (golden.PARAM_BITS - 1)), (1 << (golden.PARAM_BITS - 1)) - 1
+#: The 32 bits of an output lane.
+LANE_MASK = (1 << golden.OUT_BITS) - 1
+#: FP32 codes the float workloads are weighted toward: zeros of both signs, infinities,
+#: NaNs (quiet, signalling, negative, with payloads), the largest finite values,
+#: subnormals (smallest, largest), the smallest normal, +-1, a bf16 tie (1 + 2**-8) and its
+#: odd neighbour (rounds up), fp8e4m3's overflow midpoint 464 and its neighbours, fp8e5m2's
+#: largest finite 57344 and its midpoint 61440, fp8 subnormal ties (2**-10, 2**-17).
+FP32_EDGES = (0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
+              0x7F800001, 0xFFFFFFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x80000001,
+              0x007FFFFF, 0x00800000, 0x3F800000, 0xBF800000, 0x3F808000, 0x3F818000,
+              0x43E80000, 0x43E7FFFF, 0x43E80001, 0x47600000, 0x47700000, 0xC7700000,
+              0x3A800000, 0x37000000)
+#: Scales of the directed float operations: 1, -1, 1.5, +-0, +-inf, NaN, the largest
+#: finite value, the smallest subnormal, 2**-100 and 2**100.
+FP32_SCALES = (0x3F800000, 0xBF800000, 0x3FC00000, 0x00000000, 0x80000000, 0x7F800000,
+               0xFF800000, 0x7FC00000, 0x7F7FFFFF, 0x00000001, 0x0D800000, 0x71800000)
+
+
+def s32(code):
+    """An FP32 code as the signed 32-bit value of an s32 field or a PSUM accumulator."""
+    code = int(code) & LANE_MASK
+    return code - (1 << 32) if code >> 31 else code
 
 
 @dataclass(frozen=True)
 class Operation:
     """One operation: its parameters (``function``, ``multiplier``, ``shift``,
-    ``out_int32``, ``bias``: one per partition) and its input, ``x[pe_cols, N]`` (column
-    ``n`` is beat ``n``)."""
+    ``out_format``: a name, ``bias``: one per partition) and its input, ``x[pe_cols, N]``
+    (column ``n`` is beat ``n``). On the float path the multiplier, the biases and ``x``
+    are FP32 codes held as signed 32-bit values, as the ports carry them."""
 
     params: dict
     x: np.ndarray
@@ -51,10 +88,24 @@ class Operation:
     def expected(self, config):
         return golden.activate(config, self.x, **self.params)
 
+    @property
+    def is_float(self):
+        return self.params["out_format"] in golden.FLOAT_FORMATS
+
+    def port_params(self):
+        """The parameters as ``params_layout`` takes them: the format's code."""
+        return {**self.params,
+                "out_format": numerics.data_format(self.params["out_format"]).code}
+
 
 def _params(function, multiplier, shift, out_int32, bias):
     return {"function": int(function), "multiplier": int(multiplier), "shift": int(shift),
-            "out_int32": int(out_int32), "bias": [int(b) for b in bias]}
+            "out_format": "int32" if out_int32 else "int8", "bias": [int(b) for b in bias]}
+
+
+def _float_params(function, scale, out_format, bias):
+    return {"function": int(function), "multiplier": s32(scale), "shift": 0,
+            "out_format": out_format, "bias": [s32(b) for b in bias]}
 
 
 def _acc_range(config):
@@ -148,7 +199,7 @@ def random_operation(config, rng, n):
     elif roll < 0.75:
         # Around the magnitude of x * multiplier less the output width: results on both
         # sides of the saturation bounds.
-        out_bits = golden.OUT_BITS if out_int32 else config.in_bits
+        out_bits = golden.OUT_BITS if out_int32 else 8
         magnitude = config.acc_bits - 1 + abs(multiplier).bit_length()
         shift = magnitude - out_bits + int(rng.integers(-4, 5))
     else:
@@ -216,22 +267,24 @@ def random_operations(config, rng, vectors):
 
 
 def coverage(config, operations):
-    """What a workload exercises, element by element: ties (remainder exactly half) that
-    round down (``q`` even) and up (``q`` odd), saturation of each format at each end, relu
-    clamping a negative value, negative inputs, the special shifts and extreme multipliers
-    (by operation)."""
+    """What a workload's integer operations exercise, element by element: ties (remainder
+    exactly half) that round down (``q`` even) and up (``q`` odd), saturation of each format
+    at each end, relu clamping a negative value, negative inputs, the special shifts and
+    extreme multipliers (by operation)."""
     counts = dict(elements=0, ties_even=0, ties_odd=0, negative_inputs=0, relu_clamped=0,
                   int8_sat_low=0, int8_sat_high=0, int32_sat_low=0, int32_sat_high=0)
     shifts, multipliers = set(), set()
     for op in operations:
+        if op.is_float:
+            continue
         params = op.params
         shift = params["shift"]
         shifts.add(shift)
         if params["multiplier"] in (INT32_MIN, INT32_MAX):
             multipliers.add(params["multiplier"])
         pre = golden.pre_activation(op.x, params["multiplier"], params["bias"])
-        lo, hi = golden.output_range(config, params["out_int32"])
-        fmt = "int32" if params["out_int32"] else "int8"
+        fmt = params["out_format"]
+        lo, hi = golden.output_range(config, fmt)
         for (p, n), value in np.ndenumerate(pre):
             counts["elements"] += 1
             counts["negative_inputs"] += int(op.x[p, n] < 0)
@@ -245,6 +298,158 @@ def coverage(config, operations):
             counts[f"{fmt}_sat_high"] += int(a > hi)
     counts["special_shifts"] = sorted(shifts & set(SPECIAL_SHIFTS))
     counts["extreme_multipliers"] = sorted(multipliers)
+    return counts
+
+
+# -- float workloads -----------------------------------------------------------------------------
+
+def _float_codes(rng, shape):
+    """FP32 codes weighted to the corners: edge codes; moderate values (results in every
+    format's normal range); magnitudes about 2**-27 .. 2**17, where the narrow formats'
+    subnormal, rounding and overflow cases lie; and any code."""
+    roll = rng.random(shape)
+    moderate = (rng.standard_normal(shape) * 2.0 ** rng.integers(-16, 16, shape))
+    moderate = moderate.astype(np.float32).view(np.uint32).astype(np.int64)
+    exponent = rng.integers(100, 145, shape)
+    near = (rng.integers(0, 2, shape) << 31) | (exponent << 23) | rng.integers(0, 1 << 23,
+                                                                               shape)
+    any_code = rng.integers(0, 1 << 32, shape)
+    return np.select([roll < 0.2, roll < 0.5, roll < 0.85],
+                     [rng.choice(np.array(FP32_EDGES, np.int64), shape), moderate, near],
+                     any_code)
+
+
+def _signed(codes):
+    codes = np.asarray(codes, dtype=np.int64)
+    return np.where(codes >= 1 << 31, codes - (1 << 32), codes)
+
+
+def directed_float_operations(config):
+    """Every float output format and function with the edge codes as inputs (every lane
+    meets each of them), under every directed scale; biases +0, -0 and edge values; and
+    the ones that cancel ``x * 1`` to an exact zero."""
+    lanes = config.pe_cols
+    edges = np.array(FP32_EDGES, np.int64)
+    # Each edge code in each lane: lane p takes the edges rotated by p.
+    x = _signed(np.stack([np.roll(edges, p) for p in range(lanes)]))
+    ops = []
+    for out_format in float_outputs(config):
+        for function in (golden.IDENTITY, golden.RELU):
+            for index, scale in enumerate(FP32_SCALES):
+                bias = ([0] * lanes, [1 << 31] * lanes,
+                        [FP32_EDGES[(index + p) % len(FP32_EDGES)] for p in range(lanes)])[
+                    index % 3]
+                ops.append(Operation(_float_params(function, scale, out_format, bias), x))
+            # x * 1 + (-x) = +0 exactly: one edge code per lane, its negation the bias.
+            for start in range(0, len(FP32_EDGES), lanes):
+                chunk = [FP32_EDGES[(start + p) % len(FP32_EDGES)] for p in range(lanes)]
+                ops.append(Operation(
+                    _float_params(function, 0x3F800000, out_format,
+                                  [code ^ (1 << 31) for code in chunk]),
+                    _signed(np.array(chunk, np.int64))[:, None]))
+    return ops
+
+
+def random_float_operation(config, rng, n):
+    """One float operation of ``n`` vectors: a random float output format and function, a
+    corner-weighted scale and per-lane biases (zero, edge or moderate)."""
+    lanes = config.pe_cols
+    out_format = str(rng.choice(float_outputs(config)))
+    roll = rng.random()
+    if roll < 0.3:
+        scale = int(rng.choice(FP32_SCALES + FP32_EDGES))
+    elif roll < 0.8:
+        # A power of two near 1 with a random fraction: products on both sides of the
+        # narrow formats' ranges.
+        value = np.float32((1 + rng.random()) * 2.0 ** int(rng.integers(-8, 9))
+                           * rng.choice([1, -1]))
+        scale = int(value.view(np.uint32))
+    else:
+        scale = int(rng.integers(0, 1 << 32))
+    bias = []
+    for code in _float_codes(rng, lanes):
+        roll = rng.random()
+        bias.append(0 if roll < 0.3 else int(code))
+    return Operation(_float_params(int(rng.integers(0, 2)), scale, out_format, bias),
+                     _signed(_float_codes(rng, (lanes, n))))
+
+
+def float_operations(config, rng, vectors, *, directed=True):
+    """The directed float operations (when ``directed``), then random float operations of
+    1..32 vectors adding up to ``vectors``, with one integer operation in four interleaved
+    (the path changes between operations)."""
+    ops = directed_float_operations(config) if directed else []
+    total = 0
+    while total < vectors:
+        n = 1 if rng.random() < 0.2 else int(rng.integers(1, 33))
+        n = min(n, vectors - total)
+        if rng.random() < 0.25:
+            ops.append(random_operation(config, rng, n))
+        else:
+            ops.append(random_float_operation(config, rng, n))
+        total += n
+    return ops
+
+
+def float_coverage(config, operations):
+    """What a workload's float operations exercise, element by element, from the golden
+    model's steps: per output format and function; NaN, infinite, subnormal and ``-0``
+    inputs; products that overflow, underflow to zero or are subnormal; sums that cancel
+    to an exact zero; relu clamping; casts that tie, overflow (to infinity, or NaN in
+    fp8e4m3) or give subnormals; NaN results; and integer operations interleaved."""
+    counts = dict(float_elements=0, int_operations=0, nan_inputs=0, inf_inputs=0,
+                  subnormal_inputs=0, negative_zero_inputs=0, product_overflow=0,
+                  product_underflow=0, product_subnormal=0, exact_cancellation=0,
+                  relu_clamped=0, cast_ties=0, cast_overflow=0, cast_subnormal=0,
+                  nan_results=0)
+    kinds = set()
+    for op in operations:
+        if not op.is_float:
+            counts["int_operations"] += 1
+            continue
+        params = op.params
+        fmt = params["out_format"]
+        kinds.add(f"{fmt}/{golden.FUNCTIONS[params['function']]}")
+        x = op.x.astype(np.int64) & LANE_MASK
+        scale = params["multiplier"] & LANE_MASK
+        bias = np.array(params["bias"], np.int64)[:, None] & LANE_MASK
+        exp_x, frac_x = (x >> 23) & 0xFF, x & 0x7FFFFF
+        product = fp_multiplier.multiply(x, scale, "fp32").astype(np.int64)
+        total = fp_adder.add(product, bias).astype(np.int64)
+        activated = golden.apply_function_float(total, params["function"])
+        out = fp_cast.cast(activated, fmt)
+        element = numerics.float_format(fmt)
+        magnitude = out.astype(np.int64) & ((1 << (element.bits - 1)) - 1)
+        finite_in = (exp_x != 0xFF) & ((scale >> 23) & 0xFF != 0xFF)
+        finite_product = (product >> 23) & 0xFF != 0xFF
+        finite_total = (total >> 23) & 0xFF != 0xFF
+        nonzero_in = ((x & 0x7FFFFFFF) != 0) & ((scale & 0x7FFFFFFF) != 0)
+        counts["float_elements"] += x.size
+        counts["nan_inputs"] += int(np.sum((exp_x == 0xFF) & (frac_x != 0)))
+        counts["inf_inputs"] += int(np.sum((exp_x == 0xFF) & (frac_x == 0)))
+        counts["subnormal_inputs"] += int(np.sum((exp_x == 0) & (frac_x != 0)))
+        counts["negative_zero_inputs"] += int(np.sum(x == 1 << 31))
+        counts["product_overflow"] += int(np.sum(finite_in & ~finite_product))
+        counts["product_underflow"] += int(np.sum(
+            finite_in & nonzero_in & ((product & 0x7FFFFFFF) == 0)))
+        counts["product_subnormal"] += int(np.sum(
+            finite_in & ((product >> 23) & 0xFF == 0) & ((product & 0x7FFFFF) != 0)))
+        counts["exact_cancellation"] += int(np.sum(
+            ((product & 0x7FFFFFFF) != 0) & ((total & 0x7FFFFFFF) == 0)))
+        if params["function"] == golden.RELU:
+            # The sign bit set (the adder's NaN is canonical, sign 0): -0, -inf, negative.
+            counts["relu_clamped"] += int(np.sum(total >> 31 == 1))
+        if fmt != "fp32":
+            top = element.exp_max_field << element.man_bits
+            overflowed = magnitude >= top if element.has_inf else magnitude == 0x7F
+            counts["cast_overflow"] += int(np.sum(finite_total & overflowed))
+            # Exactly half way between two codes of the format: rounded to even.
+            _, guard, sticky, _ = fp_cast.round_fields(activated, element)
+            counts["cast_ties"] += int(np.sum(finite_total & (guard == 1) & (sticky == 0)))
+            counts["cast_subnormal"] += int(np.sum(
+                (magnitude != 0) & (magnitude < (1 << element.man_bits))))
+        counts["nan_results"] += int(np.sum(magnitude == element.canonical_nan))
+    counts["float_kinds"] = sorted(kinds)
     return counts
 
 
@@ -298,13 +503,14 @@ class ActivationEngineBench:
             await FallingEdge(self.dut.clk)
             assert not self.dut.output__valid.value, \
                 f"operation {index}: an output beat is valid after the last expected one"
-            self.dut.params.value = self.params.encode(op.params)
+            self.dut.params.value = self.params.encode(op.port_params())
             out = op.expected(self.config)
             n = op.x.shape[1]
             for i in range(n):
                 last = int(i == n - 1)
                 self.input.send({"data": [int(v) for v in op.x[:, i]], "last": last})
-                expected.append(([int(v) for v in out[:, i]], last))
+                # The lane's 32 bits: a sign-extended integer or a zero-extended code.
+                expected.append(([int(v) & LANE_MASK for v in out[:, i]], last))
         await self._drain(len(expected), len(operations) - 1, operations[-1].x.shape[1])
         # Anything extra (a duplicated beat) would arrive within the latency.
         await ClockCycles(self.dut.clk, 4 * golden.latency(self.config))
@@ -318,7 +524,7 @@ class ActivationEngineBench:
         mismatches = 0
         for index, ((_, got), (want, want_last)) in enumerate(zip(received, expected,
                                                                   strict=True)):
-            if got["data"] != want or got["last"] != want_last:
+            if [v & LANE_MASK for v in got["data"]] != want or got["last"] != want_last:
                 mismatches += 1
                 if mismatches <= 5:
                     log.error("beat %d: got %s last=%d, expected %s last=%d", index,
@@ -343,7 +549,7 @@ class ActivationEngineBench:
 
 
 async def _run_test(dut, name, operations_of, *, gaps=0.0, backpressure=0.0, check_cycles,
-                    extra=None):
+                    extra=None, counted=coverage):
     config, seed = harness.config(), harness.setting("seed", 1)
     bench = ActivationEngineBench(dut, config, gaps=gaps, backpressure=backpressure,
                                   seed=seed)
@@ -353,7 +559,7 @@ async def _run_test(dut, name, operations_of, *, gaps=0.0, backpressure=0.0, che
     expected = await bench.run(operations)
     stats = bench.score(expected, check_cycles=check_cycles)
     record = {"test": name, "seed": seed, "operations": len(operations),
-              **coverage(config, operations), **stats, **(extra(bench) if extra else {})}
+              **counted(config, operations), **stats, **(extra(bench) if extra else {})}
     harness.report(record)
     assert stats["mismatches"] == 0, \
         f"{stats['mismatches']} output beats differ from the golden model"
@@ -379,24 +585,24 @@ async def test_random_operations(dut):
                     check_cycles=True)
 
 
+def _stalls(bench):
+    """Beats that came out later than the latency after their input: the pipeline really
+    stalled under them."""
+    latency = golden.latency(bench.config)
+    return {"delayed_beats": sum(
+        1 for (cycle_in, _), (cycle_out, _) in zip(bench.input.accepted,
+                                                   bench.output.received, strict=True)
+        if cycle_out - cycle_in > latency)}
+
+
 @cocotb.test()
 async def test_random_backpressure(dut):
     """Random operations with 30% random output back-pressure and 20% input gaps:
     bit-exact, in order, nothing dropped or duplicated."""
     vectors = harness.setting("bp_vectors", 600)
-
-    def stalls(bench):
-        # Beats that came out later than the latency after their input: the pipeline
-        # really stalled under them.
-        latency = golden.latency(bench.config)
-        return {"delayed_beats": sum(
-            1 for (cycle_in, _), (cycle_out, _) in zip(bench.input.accepted,
-                                                       bench.output.received, strict=True)
-            if cycle_out - cycle_in > latency)}
-
     await _run_test(dut, "random_backpressure",
                     lambda config, rng: random_operations(config, rng, vectors),
-                    gaps=0.2, backpressure=0.3, check_cycles=False, extra=stalls)
+                    gaps=0.2, backpressure=0.3, check_cycles=False, extra=_stalls)
 
 
 @cocotb.test()
@@ -419,3 +625,31 @@ async def test_throughput(dut):
         check_cycles=True, extra=cadence)
     assert record["input_idle_cycles"] == 0 and record["output_idle_cycles"] == 0, record
     assert record["first_out_after"] == golden.latency(harness.config())
+
+
+@cocotb.test()
+async def test_float_operations(dut):
+    """The float path (builds with float formats; otherwise nothing runs): the directed
+    edge operations of every output format and function, then random float operations
+    with integer ones interleaved, output always ready: bit-exact and cycle-exact."""
+    if not float_outputs(harness.config()):
+        return
+    vectors = harness.setting("float_vectors", 1000)
+    await _run_test(dut, "float_operations",
+                    lambda config, rng: float_operations(config, rng, vectors),
+                    check_cycles=True, counted=float_coverage)
+
+
+@cocotb.test()
+async def test_float_backpressure(dut):
+    """Random float operations (integer ones interleaved) with 30% random output
+    back-pressure and 20% input gaps: bit-exact, in order, nothing dropped or
+    duplicated."""
+    if not float_outputs(harness.config()):
+        return
+    vectors = harness.setting("float_bp_vectors", 300)
+    await _run_test(dut, "float_backpressure",
+                    lambda config, rng: float_operations(config, rng, vectors,
+                                                         directed=False),
+                    gaps=0.2, backpressure=0.3, check_cycles=False, extra=_stalls,
+                    counted=float_coverage)

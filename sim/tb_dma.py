@@ -332,7 +332,7 @@ class DmaBench:
         for bank in range(self.config.psum_banks):
             for entry in range(self.config.psum_bank_entries):
                 self.psum_writer.send({"bank": bank, "entry": entry, "accumulate": 0,
-                                       "data": entries[:, bank, entry].tolist()})
+                                       "float": 0, "data": entries[:, bank, entry].tolist()})
         while not (self.sbuf_writer.idle and self.psum_writer.idle):
             await ClockCycles(self.dut.clk, 16)
         await ClockCycles(self.dut.clk, 4)

@@ -7,6 +7,10 @@ documented read-modify-write latency), so the scoreboard replays it there; the a
 statistics count the hazards the run met: accumulates whose read cycle saw a write to
 their word (the previous ``te_write``'s write-back, ``forwarded_te``, or a ``dma_write``,
 ``forwarded_dma``), back-to-back accumulates to one entry, and accumulates that wrapped.
+On a build with float formats half the random ``te_write`` beats carry FP32 codes
+(``float = 1``: accumulated by the FP32 adder), and ``test_float_accumulate`` checks FP32
+accumulation with the adder testbench's corner pairs (NaN, infinities, cancellation, ties,
+overflow), each pair back to back into one entry.
 
 Environment as for :mod:`opentrn.sim.tb_sbuf` (``OPENTRN_OPS``, ``OPENTRN_SEED``, ...).
 """
@@ -14,6 +18,8 @@ Environment as for :mod:`opentrn.sim.tb_sbuf` (``OPENTRN_OPS``, ``OPENTRN_SEED``
 import cocotb
 import numpy as np
 
+from opentrn import numerics
+from opentrn.golden import fp_adder
 from opentrn.golden import psum as golden
 from opentrn.golden.processing_element import wrap
 from opentrn.hdl.partitioned_memory import (
@@ -23,6 +29,7 @@ from opentrn.hdl.partitioned_memory import (
 )
 from opentrn.hdl.psum import act_request_layout, act_response_layout, te_write_layout
 
+from .tb_fp_adder import SPECIAL_CODES, directed_pairs, random_pairs
 from .tb_sbuf import MemoryBench, check, report, settings, workload_rng
 
 #: Cycles from a te_write's transfer to the end of the cycle its write-back is committed in.
@@ -53,8 +60,11 @@ class PSUMBench(MemoryBench):
         self.read_port("dma_read", word_request_layout(parts, depth),
                        word_response_layout(width), dma_read, gaps=gaps)
         self.write_port("te_write", te_write_layout(config),
-                        lambda model, r: model.te_write(r["bank"], r["entry"], r["data"],
-                                                        r["accumulate"]),
+                        lambda model, r: model.te_write(
+                            r["bank"], r["entry"],
+                            # FP32 codes travel in the signed acc_bits data field.
+                            np.asarray(r["data"], np.int64) & 0xFFFF_FFFF if r["float"]
+                            else r["data"], r["accumulate"], float=r["float"]),
                         gaps=gaps, delay=TE_WRITE_LATENCY, arbitrated=False)
         self.write_port("dma_write", word_write_layout(parts, depth, width),
                         lambda model, r: model.dma_write(r["partition"], r["word"],
@@ -84,9 +94,12 @@ class PSUMBench(MemoryBench):
                             stats["back_to_back_same_entry"] += 1
                     else:
                         stats["forwarded_dma"] += 1
-                old = self.golden.act_read(payload["bank"], payload["entry"])
-                exact = old + np.asarray(payload["data"], dtype=np.int64)
-                stats["wrapped"] += int(np.any(wrap(exact, config.acc_bits) != exact))
+                if payload["float"]:
+                    stats["float_accumulates"] += 1
+                else:
+                    old = self.golden.act_read(payload["bank"], payload["entry"])
+                    exact = old + np.asarray(payload["data"], dtype=np.int64)
+                    stats["wrapped"] += int(np.any(wrap(exact, config.acc_bits) != exact))
                 stats["accumulates"] += 1
             last_te.update(cycle=cycle, entry=(payload["bank"], payload["entry"]))
 
@@ -97,7 +110,7 @@ class PSUMBench(MemoryBench):
                 payload.setdefault("word", self.word_of(payload["bank"], payload["entry"]))
         stats = super().score(blocked_writes=blocked, on_write=on_write)
         for key in ("forwarded_te", "forwarded_dma", "back_to_back_same_entry", "wrapped",
-                    "accumulates"):
+                    "accumulates", "float_accumulates"):
             stats.setdefault(key, 0)
         return stats
 
@@ -111,9 +124,28 @@ def _values(config, rng, count):
     return [int(v) for v in rng.integers(lo, hi + 1, count)]
 
 
-def te_beat(config, rng, bank, entry, accumulate):
+def _signed32(codes):
+    """FP32 codes as the signed 32-bit lanes of the data field."""
+    return [int(c) - (1 << 32) if int(c) >> 31 else int(c) for c in codes]
+
+
+def _float_values(rng, count):
+    """``count`` FP32 codes: a third the adder's special codes of either sign, a third
+    any code, a third values of moderate size (sums that round and cancel)."""
+    specials = np.array(SPECIAL_CODES, np.int64)
+    roll = rng.random(count)
+    moderate = numerics.to_bits(rng.standard_normal(count).astype(np.float32), "fp32")
+    codes = np.select([roll < 1 / 3, roll < 2 / 3],
+                      [rng.choice(specials, count) | (rng.integers(0, 2, count) << 31),
+                       rng.integers(0, 1 << 32, count)], moderate.astype(np.int64))
+    return _signed32(codes)
+
+
+def te_beat(config, rng, bank, entry, accumulate, *, float_beat=False):
+    data = _float_values(rng, config.pe_cols) if float_beat else \
+        _values(config, rng, config.pe_cols)
     return {"bank": int(bank), "entry": int(entry), "accumulate": int(accumulate),
-            "data": _values(config, rng, config.pe_cols)}
+            "float": int(float_beat), "data": data}
 
 
 def dma_write_beat(bench, rng, word, *, partition=None):
@@ -125,8 +157,9 @@ def dma_write_beat(bench, rng, word, *, partition=None):
 
 def random_requests(bench, rng, ops):
     """``ops`` requests on every port; half the te_writes on two hot entries that share a
-    word, accumulate 60% of the time."""
+    word, accumulate 60% of the time; with float formats half the te_writes float."""
     config = bench.config
+    floats = bool(numerics.float_formats(config))
     parts, width, depth = bench.geometry
     banks, entries = config.psum_banks, config.psum_bank_entries
     hot = [(banks - 1, 0), (banks - 1, min(1, entries - 1))]
@@ -137,7 +170,8 @@ def random_requests(bench, rng, ops):
             bank, entry = (hot[int(rng.integers(2))] if rng.random() < 0.5
                            else (rng.integers(banks), rng.integers(entries)))
             bench.writes["te_write"].request.send(
-                te_beat(config, rng, bank, entry, rng.random() < 0.6))
+                te_beat(config, rng, bank, entry, rng.random() < 0.6,
+                        float_beat=floats and rng.random() < 0.5))
         elif roll < 0.6:
             word = hot_word if rng.random() < 0.5 else rng.integers(depth)
             bench.writes["dma_write"].request.send(dma_write_beat(bench, rng, word))
@@ -270,3 +304,56 @@ async def test_write_latency(dut):
     report({"test": "write_latency", "seed": seed, **stats})
     check(stats, "write_latency")
     assert stats["read_offsets"] == [1, 2], stats["read_offsets"]
+
+
+@cocotb.test()
+async def test_float_accumulate(dut):
+    """FP32 accumulation (a build with float formats only): for each operand pair of the
+    FP32 adder's testbench (every pair of its special codes, both signs: NaNs,
+    infinities, zeros, subnormals, max finite; hand-picked ties and cancellations; random
+    corner pairs), a float overwrite with ``a`` and, in the next cycle, a float accumulate
+    of ``b`` into the same entry (so the read-modify-write forwards ``a``); every entry
+    read back through ``act_read`` after each round: ``fp_add32(a, b)`` bit for bit."""
+    config, _, seed = settings()
+    if not numerics.float_formats(config):
+        return
+    bench = PSUMBench(dut, config, seed=seed, gaps=0.0)
+    await bench.reset()
+    bench.begin()
+    rng = workload_rng(seed, "float_accumulate")
+    a, b = directed_pairs()
+    ra, rb = random_pairs(rng, 256)
+    a = np.concatenate([a, ra]).astype(np.int64)
+    b = np.concatenate([b, rb]).astype(np.int64)
+    lanes, slots = config.pe_cols, config.psum_banks * config.psum_bank_entries
+    pad = -len(a) % lanes
+    a, b = np.pad(a, (0, pad)), np.pad(b, (0, pad))
+    te, act = bench.writes["te_write"].request, bench.reads["act_read"].request
+    beats = len(a) // lanes
+    for first in range(0, beats, slots):
+        for index in range(first, min(first + slots, beats)):
+            bank, entry = divmod(index - first, config.psum_bank_entries)
+            lane = slice(index * lanes, (index + 1) * lanes)
+            for accumulate, codes in ((0, a[lane]), (1, b[lane])):
+                te.send({"bank": bank, "entry": entry, "accumulate": accumulate, "float": 1,
+                         "data": _signed32(codes)})
+        await bench.drain(budget=8 * slots + 100)
+        for index in range(first, min(first + slots, beats)):
+            bank, entry = divmod(index - first, config.psum_bank_entries)
+            act.send({"bank": bank, "entry": entry})
+        await bench.drain(budget=4 * slots + 100)
+    stats = bench.score()
+    sums = fp_adder.add(a, b).astype(np.int64)
+    exponent, fraction = (sums >> 23) & 0xFF, sums & 0x7F_FFFF
+    nonzero = ((a | b) & 0x7FFF_FFFF) != 0
+    stats.update({
+        "pairs": int(len(a)),
+        "nan": int(np.sum((exponent == 0xFF) & (fraction != 0))),
+        "inf": int(np.sum((exponent == 0xFF) & (fraction == 0))),
+        "cancelled": int(np.sum(nonzero & (sums == 0))),
+        "subnormal": int(np.sum((exponent == 0) & (fraction != 0))),
+    })
+    report({"test": "float_accumulate", "seed": seed, **stats})
+    check(stats, "float_accumulate")
+    assert stats["float_accumulates"] == beats
+    assert stats["back_to_back_same_entry"] == beats

@@ -1,9 +1,12 @@
 """cocotb testbench of the tensor engine (:mod:`opentrn.hdl.tensor_engine`).
 
-Drivers feed stationary tiles and moving vectors, a monitor collects result beats, and a
-scoreboard compares every beat with the golden model
-(:mod:`opentrn.golden.tensor_engine`) bit for bit, and, where the result stream is always
-ready and the inputs have no gaps, the cycle of every beat with the documented formulas.
+Drivers feed stationary tiles and moving vectors (raw element bits and each vector's format
+code), a monitor collects result beats, and a scoreboard compares every beat with the golden
+model (:mod:`opentrn.golden.tensor_engine`, :func:`~opentrn.golden.tensor_engine.matmul_bits`)
+bit for bit, and, where the result stream is always ready and the inputs have no gaps, the
+cycle of every beat with the documented formulas. On a build with float formats two more
+tests run: random BF16/FP8 matmuls with the formats' edge values, and vectors of every
+format (int8 among them) interleaved on one tile.
 
 Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables):
 
@@ -23,11 +26,13 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles
 
+from opentrn import numerics
 from opentrn.golden import tensor_engine as golden
 from opentrn.hdl.tensor_engine import moving_layout, result_layout, stationary_layout
 
 from . import harness
 from .streams import StreamSink, StreamSource
+from .tb_fp_multiplier import special_codes
 
 
 def _settings():
@@ -37,7 +42,8 @@ def _settings():
 # -- workloads --------------------------------------------------------------------------------
 
 def _int_range(config):
-    return -(1 << (config.in_bits - 1)), (1 << (config.in_bits - 1)) - 1
+    """The int8 range (whatever ``in_bits``: the integer path reads the low byte)."""
+    return -128, 127
 
 
 def directed_program(config, rng):
@@ -98,6 +104,103 @@ def uniform_program(config, rng, count, n, fresh):
             for i in range(count)]
 
 
+def float_codes(rng, fmt, shape):
+    """Codes of the float format ``fmt``: 15% the format's edge values (zeros of both signs,
+    smallest and largest subnormal, smallest normal, one, max finite, infinities, NaNs),
+    10% uniformly random codes, the rest values of moderate size (so that sums cancel and
+    round)."""
+    element = numerics.data_format(fmt).element
+    values = rng.standard_normal(shape) * 2.0 ** rng.integers(-3, 4, shape)
+    codes = numerics.to_bits(values.astype(np.float32), element).astype(np.int64)
+    roll = rng.random(shape)
+    return np.select([roll < 0.15, roll < 0.25],
+                     [rng.choice(special_codes(element), shape),
+                      rng.integers(0, 1 << element.bits, shape)], codes)
+
+
+def tie_program(config, fmt):
+    """FP32 sums that are exact ties, in the array's order: ``2**16 + 2**-7`` (odd last
+    bit) plus ``2**-8`` rounds up to ``2**16 + 2**-6``; ``2**16 + 2**-8`` rounds down to
+    ``2**16`` (the products ``2**8 * 2**8``, ``2**-3 * 2**-4``, ``2**-4 * 2**-4`` are exact
+    in every float format here). Column 2 subtracts to exactly zero (vector 1), column 3
+    is +0 (vector 0) and max finite squared (vector 1: infinity in BF16; FP8 products stay
+    finite)."""
+    element = numerics.data_format(fmt).element
+    k_rows, m_cols = config.pe_rows, config.pe_cols
+    code = lambda value: int(numerics.to_bits(np.float32(value), element))  # noqa: E731
+    tile = np.zeros((k_rows, m_cols), dtype=np.int64)
+    moving = np.zeros((k_rows, 2), dtype=np.int64)
+    columns = [[2.0**8, 2.0**-3, 2.0**-4], [2.0**8, 0.0, 2.0**-4], [2.0**8, -(2.0**8), 1.0]]
+    for col, weights in enumerate(columns[:m_cols]):
+        tile[:3, col] = [code(w) for w in weights]
+    moving[:3, 0] = [code(2.0**8), code(2.0**-4), code(2.0**-4)]
+    moving[:3, 1] = [code(2.0**8), code(2.0**8), 0]
+    if k_rows > 3 and m_cols > 3:
+        # Row 3 meets zeros in the other columns (and column 3 meets zeros elsewhere).
+        tile[3, 3] = element.max_finite_bits
+        moving[3, 1] = element.max_finite_bits
+    return [golden.Matmul(moving, tile, fmt)]
+
+
+def float_program(config, rng, count):
+    """The ties of :func:`tie_program` for every float format of ``config``, then
+    ``count`` random matmuls: a float format at random, N as in :func:`random_program`, a
+    fresh tile 60% of the time (a reused one keeps its format), codes of
+    :func:`float_codes`, one tile in ten all of one edge value."""
+    floats = numerics.float_formats(config)
+    k_rows, m_cols, n_max = config.pe_rows, config.pe_cols, config.moving_max
+    program = [op for fmt in floats for op in tie_program(config, fmt)]
+    fmt = None
+    for i in range(count):
+        roll = rng.random()
+        n = 1 if roll < 0.15 else n_max if roll < 0.3 else int(rng.integers(1, n_max + 1))
+        fresh = i == 0 or rng.random() < 0.6
+        tile = None
+        if fresh:
+            fmt = str(rng.choice(floats))
+            tile = float_codes(rng, fmt, (k_rows, m_cols))
+            if rng.random() < 0.1:
+                edge = special_codes(numerics.data_format(fmt).element)
+                tile[:] = rng.choice(edge)
+        program.append(golden.Matmul(float_codes(rng, fmt, (k_rows, n)), tile, fmt))
+    return program
+
+
+def mixed_program(config, rng, count):
+    """``count`` matmuls of one to three vectors in formats of ``config.dtypes`` chosen
+    per matmul, int8 among them (one float operand in ten all +0): a fresh tile (of a
+    random format) one time in five, else the tile in use, whatever format it was loaded
+    as (its raw bits meet the vectors' format: legal in the array, refused by the tensor
+    unit)."""
+    k_rows, m_cols = config.pe_rows, config.pe_cols
+    lo, hi = _int_range(config)
+
+    def values(fmt, shape):
+        if fmt == "int8":
+            return rng.integers(lo, hi + 1, shape)
+        if rng.random() < 0.1:
+            return np.zeros(shape, dtype=np.int64)    # +0 codes: a zero result
+        return float_codes(rng, fmt, shape)
+
+    program = []
+    for i in range(count):
+        fmt = str(rng.choice(config.dtypes))
+        tile = values(fmt, (k_rows, m_cols)) if i == 0 or rng.random() < 0.2 else None
+        program.append(golden.Matmul(values(fmt, (k_rows, int(rng.integers(1, 4)))), tile,
+                                     fmt))
+    return program
+
+
+def result_classes(codes):
+    """How many FP32 result codes are NaN, infinite, zero, subnormal."""
+    codes = np.asarray(codes, dtype=np.int64) & 0xFFFF_FFFF
+    exponent, fraction = (codes >> 23) & 0xFF, codes & 0x7F_FFFF
+    return {"nan": int(np.sum((exponent == 0xFF) & (fraction != 0))),
+            "inf": int(np.sum((exponent == 0xFF) & (fraction == 0))),
+            "zero": int(np.sum((codes & 0x7FFF_FFFF) == 0)),
+            "subnormal": int(np.sum((exponent == 0) & (fraction != 0)))}
+
+
 # -- the bench --------------------------------------------------------------------------------
 
 class TensorEngineBench:
@@ -123,16 +226,22 @@ class TensorEngineBench:
         config = self.config
         timing = golden.schedule(config, program)
         expected = []
+        self.float_results = []
         for op in program:
             if op.stationary is not None:
-                tile = op.stationary
+                # Raw bits in the weight registers, whatever format the vectors have.
+                tile = golden.element_bits(op.stationary, op.format)
                 for m in range(config.pe_cols):
                     self.stationary.send({"data": [int(v) for v in tile[:, m]]})
                 current = tile
-            out = golden.matmul(config, current, op.moving)
+            moving = golden.element_bits(op.moving, op.format)
+            out = golden.matmul_bits(config, current, moving, op.format)
+            if op.format != "int8":
+                self.float_results.append(out.ravel())
+            code = numerics.data_format(op.format).code
             n = op.moving.shape[1]
             for i in range(n):
-                self.moving.send({"data": [int(v) for v in op.moving[:, i]],
+                self.moving.send({"data": [int(v) for v in moving[:, i]], "format": code,
                                   "swap": int(op.stationary is not None and i == 0),
                                   "last": int(i == n - 1)})
                 expected.append((out[:, i], int(i == n - 1)))
@@ -152,11 +261,14 @@ class TensorEngineBench:
         log = self.dut._log
         received = self.result.received
         mismatches = 0
+        # The result lanes are signed acc_bits fields; FP32 codes compare as their bits.
+        mask = (1 << self.config.acc_bits) - 1
         if len(received) != len(expected):
             raise AssertionError(f"{len(received)} result beats, expected {len(expected)}")
         for index, ((_, got), (want, want_last)) in enumerate(zip(received, expected,
                                                                   strict=True)):
-            if got["data"] != [int(v) for v in want] or got["last"] != want_last:
+            if [v & mask for v in got["data"]] != [int(v) & mask for v in want] \
+                    or got["last"] != want_last:
                 mismatches += 1
                 if mismatches <= 5:
                     log.error("beat %d: got %s last=%d, expected %s last=%d", index,
@@ -187,7 +299,10 @@ class TensorEngineBench:
             "utilization": macs / (cycles * self.config.peak_macs_per_cycle),
             "moving_idle_cycles": idle,
             "steady_utilization": len(accepted) / (accepted[-1] - accepted[0] + 1),
+            "formats": sorted({op.format for op in program}),
         }
+        if self.float_results:
+            stats["float_results"] = result_classes(np.concatenate(self.float_results))
         log.info("scoreboard: %s", stats)
         return stats
 
@@ -249,6 +364,32 @@ async def test_back_to_back_reused(dut):
     """Back-to-back single-vector matmuls against one tile: one vector every cycle."""
     config, _, _ = _settings()
     await _back_to_back(dut, "back_to_back_reused", config, 1, fresh=False, count=40)
+
+
+@cocotb.test()
+async def test_float_random(dut):
+    """BF16, FP8 E4M3 and FP8 E5M2 matmuls (exact ties first, then random ones with the
+    formats' edge values), always ready: bit-exact and cycle-exact. Only on a build with
+    float formats."""
+    config, _, _ = _settings()
+    if not numerics.float_formats(config):
+        return
+    await _run_test(dut, "float_random",
+                    lambda config, rng, cases: float_program(config, rng, cases),
+                    check_cycles=True)
+
+
+@cocotb.test()
+async def test_mixed_formats(dut):
+    """Vectors of every format of the build, int8 among them, interleaved on shared tiles,
+    with random back-pressure and input gaps: bit-exact (the format travels with every
+    vector through the array). Only on a build with float formats."""
+    config, _, _ = _settings()
+    if not numerics.float_formats(config):
+        return
+    await _run_test(dut, "mixed_formats",
+                    lambda config, rng, cases: mixed_program(config, rng, cases),
+                    gaps=0.2, backpressure=0.3, check_cycles=False)
 
 
 async def _back_to_back(dut, name, config, n, *, fresh, count):

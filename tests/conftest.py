@@ -1,16 +1,18 @@
 import os
 
+import numpy as np
 import pytest
 
-from opentrn import config
+from opentrn import config, numerics
+from opentrn.kernel import FORMAT_DTYPES
 from opentrn.sim import runner
 
 #: The builds every block's simulation tests run on: the two simulation presets, and 16-bit
-#: accumulators (int8 sums that wrap, narrower activation inputs).
+#: accumulators (int8 only: int8 sums that wrap, narrower activation inputs).
 SIM_BUILDS = {
     "tiny": config.preset("tiny"),
     "small": config.preset("small"),
-    "tiny-acc16": config.preset("tiny").replace(acc_bits=16),
+    "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
 }
 
 
@@ -37,3 +39,24 @@ def pytest_collection_modifyitems(config, items):
 #: ``OPENTRN_FULL_FP=1`` runs a million on both (docs/numerics.md gives those runs).
 FP_VECTORS = {"verilator": 10**6,
               "icarus": 10**6 if os.environ.get("OPENTRN_FULL_FP") == "1" else 10**5}
+
+
+def float_inputs(rng, shape, fmt, *, specials=True):
+    """Random ``fmt`` values of ``shape`` (normal, then rounded by ml_dtypes), with a few
+    edge codes mixed in: zeros of both signs, subnormals, the largest finite values and
+    infinities (where the format has them); one NaN with ``specials``."""
+    element = numerics.data_format(fmt).element
+    values = rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[fmt])
+    codes = values.view(element.uint_type).copy()
+    if specials and codes.size >= 16:
+        sign = 1 << (element.bits - 1)
+        edges = [0, sign, 1, sign | 1, element.max_finite_bits, sign | element.max_finite_bits]
+        if element.has_inf:
+            inf = element.exp_max_field << element.man_bits
+            edges += [inf, sign | inf]
+        flat = codes.reshape(-1)
+        spots = rng.choice(flat.size, len(edges) + 1, replace=False)
+        for spot, code in zip(spots, edges, strict=False):
+            flat[spot] = code
+        flat[spots[-1]] = element.canonical_nan
+    return codes.view(FORMAT_DTYPES[fmt])

@@ -40,16 +40,20 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["run", "gemm", "--set", "pe_rows=8", "--sim", "icarus"],
      "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
     (["demo", "--preset", "trn3", "--sim", "icarus"],
-     "opentrn demo: error: dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: the hardware is "
-     "built for int8 inputs only"),
+     "opentrn demo: error: dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: the hardware "
+     "implements int8, bf16, fp8e4m3, fp8e5m2, not mxfp8e4m3, mxfp8e5m2 yet (try --set "
+     "dtypes=int8,bf16,fp8e4m3,fp8e5m2)"),
     (["verilog", "--top", "core", "--set", "dma_bus_bytes=64"],
      "opentrn verilog: error: dma_bus_bytes=64: the core's instruction fetch needs a bus of "
      "at most 32 bytes"),
     (["verilog", "--top", "core", "--set", "pe_cols=8"],
      "opentrn verilog: error: pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
     (["verilog", "--preset", "trn2", "--top", "dma"],
-     "opentrn verilog: error: dtypes=bf16,fp8e4m3,fp8e5m2: the hardware is built for int8 "
-     "inputs only"),
+     "opentrn verilog: error: dtypes=bf16,fp8e4m3,fp8e5m2: the hardware needs int8 among its "
+     "formats (its integer path is always built) (try --set dtypes=int8,bf16,fp8e4m3,fp8e5m2)"),
+    (["run", "gemm", "--preset", "small", "--dtype", "bf16", "--sim", "icarus"],
+     "opentrn run: error: --dtype=bf16: not among this build's formats, dtypes=int8 (add it "
+     "with --set dtypes=...)"),
 ])
 def test_errors_exit_2_and_name_the_field(argv, message, capsys):
     assert main(argv) == 2
@@ -64,22 +68,24 @@ def test_unknown_preset_is_an_argparse_error(capsys):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("sim", runner.SIMULATORS)
-def test_demo_json_and_waves(sim, tmp_path):
+@pytest.mark.parametrize("sim, dtype", [("icarus", "int8"), ("verilator", "fp8e4m3")])
+def test_demo_json_and_waves(sim, dtype, tmp_path):
     """The README's demo, as a user runs it: ``python -m opentrn demo --json``: a GEMM +
-    bias + ReLU through the whole core, checked against numpy and the golden machine."""
+    bias + ReLU through the whole core, checked against numpy and the golden machine (int8,
+    the default, and a float format)."""
     require_simulator(sim)
     vcd = tmp_path / "demo.vcd"
+    dtype_args = [] if dtype == "int8" else ["--dtype", dtype]
     completed = subprocess.run(
         [sys.executable, "-m", "opentrn", "demo", "--sim", sim, "--m", "8", "--k", "12",
-         "--n", "20", "--json", "--waves", str(vcd)], capture_output=True, text=True,
-        check=False)
+         "--n", "20", "--json", "--waves", str(vcd), *dtype_args], capture_output=True,
+        text=True, check=False)
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert report["passed"] is True and report["mismatches"] == 0
     assert report["golden_mismatches"] == 0 and report["fault"] == "NONE"
     assert report["sim"] == sim and report["preset"] == "tiny"
-    assert report["kernel"] == "gemm+bias+relu 8x12x20"
+    assert report["kernel"] == f"{dtype} gemm+bias+relu 8x12x20" and report["dtype"] == dtype
     assert report["macs"] == 8 * 12 * 20 and 0 < report["utilization"] <= 1
     assert set(report["engine_busy"]) == {"dma", "tensor", "activation"}
     assert all(0 < value <= report["cycles"] for value in report["engine_busy"].values())
@@ -102,8 +108,12 @@ def test_demo_json_and_waves(sim, tmp_path):
 
 @pytest.mark.sim
 @pytest.mark.parametrize("argv", [["gemm", "--m", "5", "--k", "9", "--n", "7"],
+                                  ["gemm", "--m", "5", "--k", "9", "--n", "7", "--dtype", "bf16"],
                                   ["mlp", "--batch", "6", "--d-in", "5", "--hidden", "9",
-                                   "--d-out", "3"]])
+                                   "--d-out", "3"],
+                                  ["mlp", "--batch", "6", "--d-in", "5", "--hidden", "9",
+                                   "--d-out", "3", "--dtype", "fp8e5m2"]],
+                         ids=["gemm", "gemm-bf16", "mlp", "mlp-fp8e5m2"])
 def test_run_text_report(argv, capsys):
     sim = runner.long_run_simulator()
     require_simulator(sim)

@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from opentrn import config, isa
+from opentrn import config, isa, numerics
 from opentrn.config import ConfigError
 from opentrn.golden.core import COUNTERS, Core, run
 from opentrn.hdl.dma import ErrorCode, Space, _addr_bits
@@ -148,7 +148,8 @@ def test_partial_tile_contributes_only_its_rows_and_columns():
     assert outcome.counters["macs"] == rows * cols * n
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY.replace(acc_bits=16)], ids=["acc32", "acc16"])
+@pytest.mark.parametrize("cfg", [TINY, TINY.replace(dtypes=("int8",), acc_bits=16)],
+                         ids=["acc32", "acc16"])
 def test_accumulate_over_k_tiles(cfg):
     rng = np.random.default_rng(3)
     tiles, n, bank, entry = 3, 7, 3, 5
@@ -187,7 +188,7 @@ def test_activate_from_sbuf_int32_and_in_place(cfg):
     sbuf[:, bias_at:bias_at + 4] = bias.view(np.uint8).reshape(-1, 4)
     x = sbuf[:lanes, src:src + n].view(np.int8).astype(np.int64)
     outcome = run(cfg, _machine([[END], [END], [
-        enc(Op.ACTIVATE, src=1, src_offset=src, n=n, multiplier=-1000, shift=3, out_int32=1,
+        enc(Op.ACTIVATE, src=1, src_offset=src, n=n, multiplier=-1000, shift=3, out_format=7,
             dst_offset=wide),
         enc(Op.ACTIVATE, src=1, src_offset=src, dst_offset=src, n=n, multiplier=5, shift=1,
             function=1, bias=1, bias_offset=bias_at),
@@ -245,6 +246,8 @@ def test_end_signal_releases_a_waiter():
 # -- faults: checks -----------------------------------------------------------------------------
 
 LOAD = enc(Op.LOAD_STATIONARY, rows=K, cols=M)
+BF16 = numerics.data_format("bf16").code
+LOAD_BF16 = enc(Op.LOAD_STATIONARY, rows=K, cols=M, format=BF16)
 ADDR_BITS = _addr_bits(TINY)
 A_DMA = dict(src_addr=DATA, dst_addr=0, n0=1)      # a fine HBM -> SBUF descriptor
 
@@ -309,7 +312,7 @@ FAULT_CASES = {
     # ACTIVATE.
     "activate-n-0": (Engine.ACTIVATION, [_activate(n=0)], Fault.BAD_FIELD),
     "activate-n-big": (Engine.ACTIVATION, [_activate(n=NMAX + 1)], Fault.BAD_FIELD),
-    "activate-dst-align": (Engine.ACTIVATION, [_activate(out_int32=1, dst_offset=2)],
+    "activate-dst-align": (Engine.ACTIVATION, [_activate(out_format=7, dst_offset=2)],
                            Fault.BAD_FIELD),
     "activate-bias-align": (Engine.ACTIVATION, [_activate(bias=1, bias_offset=6)],
                             Fault.BAD_FIELD),
@@ -318,10 +321,10 @@ FAULT_CASES = {
     "activate-overlap-below": (Engine.ACTIVATION, [_activate(src=1, src_offset=3,
                                                              dst_offset=0, n=4)],
                                Fault.BAD_FIELD),
-    "activate-same-int32": (Engine.ACTIVATION, [_activate(src=1, out_int32=1)],
+    "activate-same-int32": (Engine.ACTIVATION, [_activate(src=1, out_format=7)],
                             Fault.BAD_FIELD),
     "activate-overlap-int32": (Engine.ACTIVATION, [_activate(src=1, src_offset=4, dst_offset=0,
-                                                             out_int32=1, n=2)],
+                                                             out_format=7, n=2)],
                                Fault.BAD_FIELD),
     "activate-bank": (Engine.ACTIVATION, [_activate(psum_bank=BANKS)], Fault.OUT_OF_RANGE),
     "activate-entry": (Engine.ACTIVATION, [_activate(psum_entry=E - 1, n=2)],
@@ -331,12 +334,48 @@ FAULT_CASES = {
     "activate-dst-end": (Engine.ACTIVATION, [_activate(dst_offset=B - 1, n=2)],
                          Fault.OUT_OF_RANGE),
     "activate-dst-end-int32": (Engine.ACTIVATION, [_activate(dst_offset=B - 4, n=2,
-                                                             out_int32=1)], Fault.OUT_OF_RANGE),
+                                                             out_format=7)], Fault.OUT_OF_RANGE),
     "activate-bias-end": (Engine.ACTIVATION, [_activate(bias=1, bias_offset=B)],
                           Fault.OUT_OF_RANGE),
-    "activate-bad-before-range": (Engine.ACTIVATION, [_activate(out_int32=1,
+    "activate-bad-before-range": (Engine.ACTIVATION, [_activate(out_format=7,
                                                                 dst_offset=B + 2)],
                                   Fault.BAD_FIELD),
+    # Formats (tiny builds int8, bf16, fp8e4m3 and fp8e5m2): a format the build lacks comes
+    # first, before the other rules of the instruction.
+    **{f"load-format-{code}": (Engine.TENSOR, [enc(Op.LOAD_STATIONARY, rows=0, cols=M,
+                                                   format=code)], Fault.ILLEGAL_OPCODE)
+       for code in (4, 5, 6, 7)},
+    **{f"matmul-format-{code}": (Engine.TENSOR, [LOAD, enc(Op.MATMUL, n=0, format=code)],
+                                 Fault.ILLEGAL_OPCODE) for code in (4, 5, 6, 7)},
+    **{f"activate-format-{code}": (Engine.ACTIVATION, [_activate(n=0, out_format=code)],
+                                   Fault.ILLEGAL_OPCODE) for code in (4, 5)},
+    "load-bf16-odd-offset": (Engine.TENSOR, [enc(Op.LOAD_STATIONARY, rows=K, cols=1,
+                                                 sbuf_offset=1, format=BF16)], Fault.BAD_FIELD),
+    "load-bf16-sbuf-end": (Engine.TENSOR, [enc(Op.LOAD_STATIONARY, rows=K, cols=2,
+                                               sbuf_offset=B - 2, format=BF16)],
+                           Fault.OUT_OF_RANGE),
+    "matmul-format-differs": (Engine.TENSOR, [LOAD, enc(Op.MATMUL, n=1, format=BF16)],
+                              Fault.BAD_FIELD),
+    "matmul-fp8-after-fp8": (Engine.TENSOR, [enc(Op.LOAD_STATIONARY, rows=K, cols=M,
+                                                 format=2),
+                                             enc(Op.MATMUL, n=1, format=3)], Fault.BAD_FIELD),
+    "matmul-bf16-odd-offset": (Engine.TENSOR, [LOAD_BF16, enc(Op.MATMUL, n=1, sbuf_offset=3,
+                                                              format=BF16)], Fault.BAD_FIELD),
+    "matmul-bf16-sbuf-end": (Engine.TENSOR, [LOAD_BF16, enc(Op.MATMUL, n=2, format=BF16,
+                                                            sbuf_offset=B - 2)],
+                             Fault.OUT_OF_RANGE),
+    "activate-float-from-sbuf": (Engine.ACTIVATION, [_activate(src=1, out_format=6,
+                                                               dst_offset=64)],
+                                 Fault.BAD_FIELD),
+    "activate-float-shift": (Engine.ACTIVATION, [_activate(shift=1, out_format=BF16)],
+                             Fault.BAD_FIELD),
+    "activate-bf16-align": (Engine.ACTIVATION, [_activate(out_format=BF16, dst_offset=1)],
+                            Fault.BAD_FIELD),
+    "activate-fp32-align": (Engine.ACTIVATION, [_activate(out_format=6, dst_offset=2)],
+                            Fault.BAD_FIELD),
+    "activate-bf16-dst-end": (Engine.ACTIVATION, [_activate(out_format=BF16, n=2,
+                                                            dst_offset=B - 2)],
+                              Fault.OUT_OF_RANGE),
 }
 
 
@@ -353,6 +392,21 @@ def test_fault(engine, stream, fault):
     assert outcome.semaphores == [0] * SEMS
 
 
+@pytest.mark.parametrize("engine, instruction", [
+    *[(Engine.TENSOR, enc(Op.LOAD_STATIONARY, rows=K, cols=1, format=code)) for code in (1, 2, 3)],
+    *[(Engine.ACTIVATION, _activate(out_format=code)) for code in (1, 2, 3, 6)],
+], ids=["load-bf16", "load-fp8e4m3", "load-fp8e5m2", "act-bf16", "act-fp8e4m3", "act-fp8e5m2",
+        "act-fp32"])
+def test_an_int8_build_refuses_the_float_formats(engine, instruction):
+    small = config.preset("small")
+    assert small.dtypes == ("int8",)
+    streams = [[END], [END], [END]]
+    streams[engine] = [instruction, END]
+    outcome = _run(streams, cfg=small)
+    assert (outcome.fault, outcome.engine, outcome.pc) == (Fault.ILLEGAL_OPCODE, engine,
+                                                           BASES[engine])
+
+
 def test_rules_admit_their_limits():
     """Accesses that end exactly at their buffer's end, adjacent source and destination, and
     the fields that the other source ignores, all pass their checks."""
@@ -365,16 +419,38 @@ def test_rules_admit_their_limits():
          enc(Op.MATMUL, n=NMAX),
          END],
         [_activate(psum_bank=BANKS - 1, psum_entry=E - n, n=n, dst_offset=B - 4 * n,
-                   out_int32=1, bias=1, bias_offset=B - 4, src_offset=(1 << 32) - 1),
-         _activate(src=1, src_offset=B - n, n=n, dst_offset=B - 5 * n, out_int32=1,
+                   out_format=7, bias=1, bias_offset=B - 4, src_offset=(1 << 32) - 1),
+         _activate(src=1, src_offset=B - n, n=n, dst_offset=B - 5 * n, out_format=7,
                    psum_bank=255, psum_entry=(1 << 16) - 1),
          _activate(src=1, src_offset=0, dst_offset=n, n=n),
-         _activate(src=1, src_offset=4 * n, dst_offset=0, n=n, out_int32=1),
+         _activate(src=1, src_offset=4 * n, dst_offset=0, n=n, out_format=7),
          END],
     ])
     _assert_clean(outcome)
     assert outcome.retired == {Engine.DMA: 1, Engine.TENSOR: 5, Engine.ACTIVATION: 5}
     assert outcome.counters["macs"] == K * M * n + NMAX
+
+
+def test_float_rules_admit_their_limits():
+    """bf16 tiles and moving columns that end at the SBUF's end, every float output format
+    ending there too, and fp8 tiles at odd offsets (one byte per element)."""
+    n = 4
+    outcome = _run([
+        [END],
+        [enc(Op.LOAD_STATIONARY, sbuf_offset=B - 2 * M, rows=K, cols=M, format=BF16),
+         enc(Op.MATMUL, sbuf_offset=B - 2 * n, n=n, format=BF16, accumulate=1),
+         enc(Op.LOAD_STATIONARY, sbuf_offset=B - M, rows=K, cols=M, format=2),
+         enc(Op.MATMUL, sbuf_offset=B - n, n=n, format=2),
+         enc(Op.LOAD_STATIONARY, sbuf_offset=1, rows=K, cols=M, format=3),
+         enc(Op.MATMUL, sbuf_offset=3, n=n, format=3),
+         END],
+        [*[_activate(n=n, out_format=code, dst_offset=B - n * size, bias=1, bias_offset=B - 4,
+                     multiplier=0x3F800000)
+           for code, size in ((6, 4), (BF16, 2), (2, 1), (3, 1))],
+         END],
+    ])
+    _assert_clean(outcome)
+    assert outcome.retired == {Engine.DMA: 1, Engine.TENSOR: 7, Engine.ACTIVATION: 5}
 
 
 def test_dma_fields_that_fit_the_build_go_to_the_dma():

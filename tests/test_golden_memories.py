@@ -1,10 +1,11 @@
 """The golden memory models: byte layout, strobes, PSUM accumulate/overwrite with wrap and
-sign extension, the round-robin arbiter, and bounds checks that name the argument."""
+sign extension, PSUM float accumulate as float32 addition, the round-robin arbiter, and
+bounds checks that name the argument."""
 
 import numpy as np
 import pytest
 
-from opentrn import config
+from opentrn import config, numerics
 from opentrn.golden import psum as golden_psum
 from opentrn.golden import sbuf as golden_sbuf
 from opentrn.golden.partitioned_memory import PartitionedMemory, RoundRobin
@@ -105,7 +106,7 @@ def test_psum_entries_are_little_endian_sign_extended_words():
 
 
 def test_psum_acc16_wraps_and_sign_extends():
-    cfg = config.preset("tiny").replace(acc_bits=16)
+    cfg = config.preset("tiny").replace(dtypes=("int8",), acc_bits=16)
     psum = golden_psum.PSUM(cfg)
     psum.te_write(0, 0, [32767, -32768, 100, -1], accumulate=0)
     assert psum.te_write(0, 0, [1, -1, -200, -1], accumulate=1).tolist() == \
@@ -120,7 +121,58 @@ def test_psum_acc16_wraps_and_sign_extends():
         psum.te_write(0, 0, [32768, 0, 0, 0], accumulate=0)
 
 
+def _float32_sum(a, b):
+    """numpy float32 addition of FP32 codes, NaN results canonical."""
+    with np.errstate(all="ignore"):
+        total = (np.asarray(a, np.uint32).view(np.float32)
+                 + np.asarray(b, np.uint32).view(np.float32))
+    codes = total.view(np.uint32).astype(np.int64)
+    codes[np.isnan(total)] = numerics.CANONICAL_NAN32
+    return codes
+
+
+def test_psum_float_accumulate_is_float32_addition():
+    """Float beats: overwrite stores the codes, accumulate adds in FP32 (as numpy float32,
+    NaN canonical): cancellation to +0, infinities, inf - inf and NaN."""
+    cfg = config.preset("tiny")
+    psum = golden_psum.PSUM(cfg)
+    one, minus_one, inf, minus_inf = 0x3F800000, 0xBF800000, 0x7F800000, 0xFF800000
+    nan_payload, max_finite = 0x7FA00001, 0x7F7FFFFF
+    stored = [one, inf, max_finite, 0x80000000]
+    assert psum.te_write(2, 5, stored, accumulate=0, float=True).tolist() == stored
+    assert psum.act_read_bits(2, 5).tolist() == stored
+    # The 32 bits as they are, and as a signed int32 by act_read.
+    assert psum.act_read(2, 5).tolist() == [one, inf, max_finite, 0x80000000 - 2**32]
+    beat = [minus_one, minus_inf, max_finite, 0x80000000]
+    got = psum.te_write(2, 5, beat, accumulate=1, float=True)
+    assert got.tolist() == [0, numerics.CANONICAL_NAN32, inf, 0x80000000]
+    assert psum.act_read_bits(2, 5).tolist() == got.tolist()
+    got = psum.te_write(2, 5, [nan_payload, one, minus_inf, 1], accumulate=1, float=True)
+    assert got.tolist() == [numerics.CANONICAL_NAN32] * 2 + [numerics.CANONICAL_NAN32, 1]
+    # Random codes against numpy.
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        before = psum.act_read_bits(0, 0)
+        beat = rng.integers(0, 1 << 32, 4)
+        np.testing.assert_array_equal(psum.te_write(0, 0, beat, 1, float=True),
+                                      _float32_sum(before, beat))
+
+
+def test_psum_float_is_ignored_without_float_formats():
+    """As in the hardware, which builds no FP32 adder then: an integer accumulate."""
+    psum = golden_psum.PSUM(config.preset("small"))
+    psum.te_write(0, 0, [0x3F800000] * 8, accumulate=0, float=True)
+    assert psum.te_write(0, 0, [0x3F800000] * 8, accumulate=1, float=True).tolist() == \
+        [0x7F000000] * 8
+
+
 @pytest.mark.parametrize("call, message", [
+    (lambda p: p.te_write(0, 0, [-1, 0, 0, 0], 0, float=True),
+     r"data must hold FP32 codes in \[0, 4294967295\]"),
+    (lambda p: p.te_write(0, 0, [2**32, 0, 0, 0], 1, float=True),
+     r"data must hold FP32 codes in \[0, 4294967295\]"),
+    (lambda p: p.te_write(0, 0, [0, 0, 0, 0], 0, float=2), "float=2: must be 0 or 1"),
+    (lambda p: p.act_read_bits(0, 16), "entry=16: must be an integer in 0..15"),
     (lambda p: p.act_read(4, 0), "bank=4: must be an integer in 0..3"),
     (lambda p: p.act_read(0, 16), "entry=16: must be an integer in 0..15"),
     (lambda p: p.te_write(0, 0, [0, 0, 0], 0), r"data has shape \(3,\): must be \(4,\)"),

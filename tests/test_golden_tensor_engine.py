@@ -3,10 +3,10 @@ import pytest
 
 from opentrn import config, numerics
 from opentrn.golden import tensor_engine as golden
-from opentrn.golden.processing_element import mac, wrap
+from opentrn.golden.processing_element import mac, mac_float, wrap
 
 TINY = config.preset("tiny")
-TINY16 = TINY.replace(acc_bits=16)
+TINY16 = TINY.replace(dtypes=("int8",), acc_bits=16)
 
 
 def systolic_reference(cfg, stationary, moving):
@@ -206,3 +206,84 @@ def test_float_matmul_refuses_bad_arguments():
     with pytest.raises(ValueError, match=r"scale_moving has shape \(2, 2\): must be \(1, 2\)"):
         golden.matmul_float(codes, codes, "mxfp8e5m2", scale_stationary=np.zeros((1, 2), int),
                             scale_moving=np.zeros((2, 2), int))
+
+
+def _float32_mac(psum, x, weight, fmt):
+    """numpy: the product exact in float64 rounded to float32, then the float32 sum; NaN
+    results canonical."""
+    element = numerics.data_format(fmt).element
+    with np.errstate(all="ignore"):
+        product = np.float32(numerics.from_bits(weight, element).astype(np.float64)
+                             * numerics.from_bits(x, element).astype(np.float64))
+        total = np.float32(numerics.from_bits(psum, numerics.FP32) + product)
+    codes = np.asarray(total).view(np.uint32).copy()
+    codes[np.isnan(np.asarray(total))] = numerics.CANONICAL_NAN32
+    return codes
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2"])
+def test_mac_float_equals_float32_arithmetic(fmt):
+    element = numerics.data_format(fmt).element
+    rng = np.random.default_rng(5)
+    x = _random_codes(rng, element, 20000, 0.3)
+    weight = _random_codes(rng, element, 20000, 0.3)
+    psum = np.where(rng.random(20000) < 0.5,
+                    numerics.to_bits(rng.standard_normal(20000).astype(np.float32), "fp32"),
+                    rng.integers(0, 1 << 32, 20000)).astype(np.int64)
+    np.testing.assert_array_equal(mac_float(psum, x, weight, fmt),
+                                  _float32_mac(psum, x, weight, fmt))
+    with pytest.raises(ValueError, match="format='mxfp8e4m3': must be a float tensor format"):
+        mac_float(0, 0, 0, "mxfp8e4m3")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2"])
+def test_matmul_float_is_the_systolic_chain_of_macs(fmt):
+    """matmul_float is what the array computes: the partial sum enters the top row as +0
+    and goes through ``mac_float`` once per row."""
+    element = numerics.data_format(fmt).element
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        stationary = _random_codes(rng, element, (4, 4), 0.1)
+        moving = _random_codes(rng, element, (4, 3), 0.1)
+        out = np.zeros((4, 3), np.uint32)
+        for k in range(4):
+            out = mac_float(out, moving[k][None, :], stationary[k][:, None], fmt)
+        np.testing.assert_array_equal(golden.matmul_float(stationary, moving, fmt), out)
+
+
+def test_matmul_bits_reads_the_low_bits_of_the_format():
+    """Raw 16-bit registers: int8 vectors use the low byte (sign-extended), FP8 vectors the
+    low byte as a code, BF16 all 16 bits; so a tile loaded as one format can serve another."""
+    rng = np.random.default_rng(3)
+    raw_s = rng.integers(0, 1 << 16, (4, 4))
+    raw_x = rng.integers(0, 1 << 16, (4, 5))
+    as_int8 = lambda bits: ((bits & 0xFF) ^ 0x80) - 0x80  # noqa: E731
+    np.testing.assert_array_equal(golden.matmul_bits(TINY, raw_s, raw_x, "int8"),
+                                  golden.matmul(TINY, as_int8(raw_s), as_int8(raw_x)))
+    for fmt in ("fp8e4m3", "fp8e5m2"):
+        np.testing.assert_array_equal(golden.matmul_bits(TINY, raw_s, raw_x, fmt),
+                                      golden.matmul_float(raw_s & 0xFF, raw_x & 0xFF, fmt))
+    np.testing.assert_array_equal(golden.matmul_bits(TINY, raw_s, raw_x, "bf16"),
+                                  golden.matmul_float(raw_s, raw_x, "bf16"))
+    assert golden.matmul_bits(TINY, raw_s, raw_x, "bf16").dtype == np.int64
+    # element_bits: the registers' contents for values of a format.
+    assert golden.element_bits([-1, -128, 127], "int8").tolist() == [0xFF, 0x80, 0x7F]
+    assert golden.element_bits([0xFFFF], "bf16").tolist() == [0xFFFF]
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.zeros((4, 1), int), "fp32"),
+     ValueError, "format='fp32': must be one of int8, bf16, fp8e4m3, fp8e5m2"),
+    (lambda: golden.matmul_bits(TINY, np.full((4, 4), 1 << 16), np.zeros((4, 1), int),
+                                "bf16"), ValueError, r"stationary: raw bits must lie in"),
+    (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.full((4, 1), -1), "int8"),
+     ValueError, r"moving: raw bits must lie in \[0, 65535\] \(in_bits=16\)"),
+    (lambda: golden.matmul_bits(TINY, np.zeros((4, 4)), np.zeros((4, 1), int), "int8"),
+     TypeError, "stationary: must hold integers"),
+    (lambda: golden.element_bits([128], "int8"), ValueError, "outside int8 range"),
+    (lambda: golden.element_bits([256], "fp8e4m3"), ValueError,
+     r"fp8e4m3 codes must lie in \[0, 255\]"),
+])
+def test_matmul_bits_refuses_bad_arguments(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opentrn import config, isa, kernels
+from opentrn import config, isa, kernels, numerics
 from opentrn.golden.core import Core
-from opentrn.kernel import Kernel, KernelError, Pattern, Program
+from opentrn.kernel import FORMAT_DTYPES, Kernel, KernelError, Pattern, Program, same_bits
+
+from .conftest import float_inputs
 
 TINY = config.preset("tiny")
 SMALL = config.preset("small")
@@ -30,7 +32,7 @@ def _check_golden(program, expected):
     assert set(outputs) == set(expected)
     for name, value in expected.items():
         assert outputs[name].dtype == value.dtype and outputs[name].shape == value.shape
-        assert np.array_equal(outputs[name], value), name
+        assert same_bits(outputs[name], value), name
     return outputs, outcome
 
 
@@ -137,8 +139,8 @@ class RaceChecker:
                 .ravel() if f["bias"] else None)
         y = kernels.reference_activation(
             x, multiplier=f["multiplier"], shift=f["shift"], bias=bias,
-            relu=f["function"] == 1, out="int32" if f["out_int32"] else "int8")
-        data = (y.astype("<i4") if f["out_int32"] else y.astype(np.int8)).view(np.uint8)
+            relu=f["function"] == 1, out="int32" if f["out_format"] == 7 else "int8")
+        data = (y.astype("<i4") if f["out_format"] == 7 else y.astype(np.int8)).view(np.uint8)
         offset = f["dst_offset"]
 
         def write():
@@ -224,12 +226,12 @@ def _without_waits(program, engine):
 # -- the builder on a hand-written kernel -------------------------------------------------------
 
 
-def _docs_example():
-    """The complete kernel of docs/kernels.md, executed as written there."""
+def _docs_example(marker="example"):
+    """A complete kernel of docs/kernels.md, executed as written there."""
     text = DOCS.read_text()
-    match = re.search(r"<!-- example: start -->\s*```python\n(.*?)```\s*<!-- example: end -->",
+    match = re.search(rf"<!-- {marker}: start -->\s*```python\n(.*?)```\s*<!-- {marker}: end -->",
                       text, re.S)
-    assert match, "docs/kernels.md lost its example markers"
+    assert match, f"docs/kernels.md lost its {marker} markers"
     scope = {}
     exec(compile(match.group(1), str(DOCS), "exec"), scope)
     return scope
@@ -240,6 +242,13 @@ def test_docs_example_runs_on_golden_and_is_race_free():
     program, outputs, expected = scope["program"], scope["outputs"], scope["expected"]
     assert np.array_equal(outputs["y"], expected)
     _race_free(program, {"y": expected})
+
+
+def test_docs_float_example_runs_on_golden():
+    scope = _docs_example("float example")
+    program, outputs, expected = scope["program"], scope["outputs"], scope["expected"]
+    assert same_bits(outputs["y"], expected)
+    assert program.opcode_counts["tensor"] == {"LOAD_STATIONARY": 1, "MATMUL": 1, "END": 1}
 
 
 def test_handwritten_matmul_and_wait_placement():
@@ -331,6 +340,154 @@ def test_gemm_tiny(shape):
     _race_free(program, expected, seeds=3)
 
 
+FLOAT_FORMATS = numerics.float_formats(TINY)
+
+
+def _float32_matmul(a_t, b, kt_rows):
+    """The FP32 matmul with a plain loop, one output at a time: ``+0``, then the products of
+    each K tile in order, then the tiles' sums in order (docs/numerics.md)."""
+    a, x = a_t.astype(np.float32), b.astype(np.float32)
+    out = np.zeros((a.shape[1], x.shape[1]), np.float32)
+    with np.errstate(all="ignore"):
+        for m in range(a.shape[1]):
+            for n in range(x.shape[1]):
+                total = None
+                for k0 in range(0, a.shape[0], kt_rows):
+                    acc = np.float32(0)
+                    for k in range(k0, min(k0 + kt_rows, a.shape[0])):
+                        acc = np.float32(acc + np.float32(a[k, m] * x[k, n]))
+                    total = acc if total is None else np.float32(total + acc)
+                out[m, n] = total
+    return out
+
+
+@pytest.mark.parametrize("fmt", FLOAT_FORMATS)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 13, 29), (5, 9, 40), (6, 300, 40)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_float_gemm_is_bit_exact(fmt, shape):
+    """Float GEMMs on the golden machine equal the kernel's numpy reference and a plain
+    float32 loop bit for bit, edge values included; K beyond one SBUF pass (6x300x40 in
+    bf16) keeps accumulating in the PSUM in K order."""
+    M, K, N = shape
+    rng = np.random.default_rng(M * 10000 + K * 100 + N)
+    a_t, b = float_inputs(rng, (K, M), fmt), float_inputs(rng, (K, N), fmt, specials=False)
+    program, expected = kernels.gemm(TINY, a_t, b)
+    loop = _float32_matmul(a_t, b, TINY.pe_rows)
+    # x * 1.0 + 0.0 on the way out of the PSUM: -0 becomes +0, NaN the canonical one.
+    loop = np.where(loop == 0, np.float32(0), loop)
+    loop = np.where(np.isnan(loop), np.uint32(numerics.CANONICAL_NAN32).view(np.float32), loop)
+    assert same_bits(expected["c"], loop.astype(np.float32))
+    outputs, _ = _check_golden(program, expected)
+    assert program.macs == M * K * N
+    assert program.opcode_counts["tensor"]["MATMUL"] >= 1
+
+
+@pytest.mark.parametrize("fmt", FLOAT_FORMATS)
+def test_float_gemm_bias_relu_and_mlp_are_bit_exact(fmt):
+    rng = np.random.default_rng(5)
+    a_t, b = float_inputs(rng, (6, 9), fmt, specials=False), float_inputs(rng, (6, 35), fmt)
+    bias = rng.standard_normal(9).astype(np.float32)
+    for out in (fmt, "fp32"):
+        program, expected = kernels.gemm_bias_relu(TINY, a_t, b, bias, scale=0.375, out=out)
+        assert expected["y"].dtype == FORMAT_DTYPES[out]
+        y = expected["y"].astype(np.float32)
+        assert not np.any(np.signbit(y) & ~np.isnan(y))     # relu: no negative, no -0
+        _check_golden(program, expected)
+    x_t, w1 = float_inputs(rng, (9, 10), fmt), float_inputs(rng, (9, 12), fmt)
+    w2 = float_inputs(rng, (12, 5), fmt)
+    b1 = rng.standard_normal(12).astype(np.float32)
+    b2 = rng.standard_normal(5).astype(np.float32)
+    program, expected = kernels.mlp(TINY, x_t, w1, b1, w2, b2, scales=(0.5, 2.0))
+    _check_golden(program, expected)
+
+
+def outside_the_tile_kernel(cfg):
+    """A bf16 kernel whose SBUF holds infinities and NaN in the partitions and columns just
+    outside a 2-row, 3-column tile: ``(program, expected)``; the results must not see them
+    (0 * inf is NaN in float arithmetic, so the hardware must keep them out)."""
+    K, M, N = cfg.pe_rows, cfg.pe_cols, 5
+    rows, cols = K // 2, M - 1
+    rng = np.random.default_rng(8)
+    w = float_inputs(rng, (K, M), "bf16", specials=False)
+    x = float_inputs(rng, (K, N), "bf16", specials=False)
+    w[rows:, :] = np.float32("inf")
+    w[:, cols:] = np.float32("nan")
+    x[rows:, :] = np.float32("-inf")
+    x[0, 2] = np.float32("inf")          # inside: column 2 of the results is not finite
+    k = Kernel(cfg, name="outside_the_tile")
+    W, X = k.input("w", w), k.input("x", x)
+    C = k.output("c", (M, N), np.float32)
+    tw, tx, tc, acc = k.sbuf(K, 2 * M), k.sbuf(K, 2 * N), k.sbuf(M, 4 * N), k.psum(N)
+    k.dma(tw, W)
+    k.dma(tx, X)
+    k.load_stationary(tw[0:rows, 0:2 * cols], dtype="bf16")
+    k.matmul(acc[:, 0:N], tx[0:rows, :])
+    k.activation(tc, acc[:, 0:N], out="fp32")
+    k.dma(C, tc)
+    c = kernels.reference_matmul_float(w[:rows, :cols], x[:rows], kt_rows=K)
+    c = kernels.reference_activation_float(c, out="fp32")
+    expected = np.zeros((M, N), np.float32)
+    expected[:cols] = c
+    return k.build(), {"c": expected}
+
+
+def test_nothing_outside_the_tile_contributes_in_float():
+    program, expected = outside_the_tile_kernel(TINY)
+    c = expected["c"]
+    assert not np.isfinite(c[:TINY.pe_cols - 1, 2]).any()
+    assert np.isfinite(np.delete(c, 2, axis=1)).all()
+    assert same_bits(c[TINY.pe_cols - 1:], np.zeros((1, 5), np.float32))    # +0, not NaN
+    _check_golden(program, expected)
+
+
+def test_float_kernel_errors():
+    rng = np.random.default_rng(1)
+    bf = float_inputs(rng, (4, 3), "bf16")
+    with pytest.raises(KernelError, match=r"b.dtype=int8: must be bfloat16"):
+        kernels.gemm(TINY, bf, _int8(rng, 4, 3))
+    with pytest.raises(KernelError, match=r"multiplier=1, shift=0: are for int8 inputs; bf16 "
+                                          r"takes scale"):
+        kernels.gemm_bias_relu(TINY, bf, bf, np.zeros(3, np.float32), multiplier=1, shift=0)
+    with pytest.raises(KernelError, match=r"bias: int32 \(3,\): must be float32"):
+        kernels.gemm_bias_relu(TINY, bf, bf, np.zeros(3, np.int32))
+    with pytest.raises(KernelError, match=r"out='int8': must be one of fp32, bf16 for bf16"):
+        kernels.gemm_bias_relu(TINY, bf, bf, np.zeros(3, np.float32), out="int8")
+    with pytest.raises(KernelError, match=r"scale=inf: must be a finite number"):
+        kernels.gemm_bias_relu(TINY, bf, bf, np.zeros(3, np.float32), scale=float("inf"))
+    with pytest.raises(KernelError, match=r"scales=\(1.0,\): must be \(scale1, scale2\)"):
+        kernels.mlp(TINY, bf, bf, np.zeros(3, np.float32), bf[:3], np.zeros(3, np.float32),
+                    scales=(1.0,))
+    k = Kernel(SMALL)
+    tile = k.sbuf(4, 64)
+    with pytest.raises(KernelError, match=r"dtype='bf16': must be one of this build's matmul "
+                                          r"formats: int8 \(Config.dtypes=int8\)"):
+        k.load_stationary(tile[:, 0:8], dtype="bf16")
+    k = Kernel(TINY)
+    tile, psum = k.sbuf(4, 64), k.psum(4)
+    with pytest.raises(KernelError, match=r"view bytes=\(1, 5\): must be whole bf16 elements"):
+        k.load_stationary(tile[:, 1:5], dtype="bf16")
+    k.load_stationary(tile[:, 0:8], dtype="bf16")
+    with pytest.raises(KernelError, match=r"psum entries=4: must equal the moving columns "
+                                          r"\(5\)"):
+        k.matmul(psum[:, 0:4], tile[:, 0:10])      # 10 bytes: 5 bf16 columns
+    with pytest.raises(KernelError, match=r"psum entries=4: must equal the moving columns "
+                                          r"\(2\)"):
+        k.matmul(psum[:, 0:4], tile[:, 8:12])
+    k.matmul(psum[:, 0:4], tile[:, 8:16])
+    with pytest.raises(KernelError, match=r"out='mxfp8e4m3': must be one of this build's "
+                                          r"activation outputs: int8, bf16, fp8e4m3, fp8e5m2, "
+                                          r"fp32, int32"):
+        k.activation(tile[:, 16:20], psum[:, 0:4], out="mxfp8e4m3")
+    with pytest.raises(KernelError, match=r"the float path \(out=bf16\) takes scale="):
+        k.activation(tile[:, 16:24], psum[:, 0:4], out="bf16", multiplier=3)
+    with pytest.raises(KernelError, match=r"must be a PSUM view for the float path"):
+        k.activation(tile[:, 16:24], tile[:, 24:28], out="bf16")
+    with pytest.raises(KernelError, match=r"scale=0.5: is for the float path"):
+        k.activation(tile[:, 16:20], psum[:, 0:4], out="int8", scale=0.5)
+    with pytest.raises(KernelError, match=r"dst bytes=4: must be 8: 4 results of 2 bytes"):
+        k.activation(tile[:, 16:20], psum[:, 0:4], out="bf16")
+
+
 def test_gemm_several_sbuf_passes():
     """K x (M + N) bytes far beyond the tiny SBUF (4 x 4 KiB): K is cut into parts, the
     moving data fetched per M tile and part, PSUM accumulating across parts."""
@@ -345,7 +502,7 @@ def test_gemm_several_sbuf_passes():
 
 OTHER_BUILDS = {
     "small": SMALL,
-    "tiny-acc16": TINY.replace(acc_bits=16),
+    "tiny-acc16": TINY.replace(dtypes=("int8",), acc_bits=16),
     "tiny-1bank": TINY.replace(psum_banks=1),           # no PSUM double-buffering
     "tiny-4x2": TINY.replace(pe_cols=2),                # M tiles narrower than K tiles
     "tiny-n8": TINY.replace(moving_max=8, sbuf_bytes_per_partition=256),
@@ -525,7 +682,7 @@ def _fresh():
      r"reaches partition 6"),
     (lambda k, a, t, p: [k.free(t), k.dma(t[:, 0:8], a[0:4, :])], r"freed tile"),
     (lambda k, a, t, p: k.input("a", np.zeros((2, 2), np.int8)), r"name='a': already names"),
-    (lambda k, a, t, p: k.input("f", np.zeros((2, 2), np.float32)), r"f.dtype='float32'"),
+    (lambda k, a, t, p: k.input("f", np.zeros((2, 2), np.float64)), r"f.dtype='float64'"),
     (lambda k, a, t, p: k.output("o", (2, 2, 2), np.int8), r"o.shape=\(2, 2, 2\)"),
     (lambda k, a, t, p: k.build(), r"has no output tensor"),
 ])
@@ -541,7 +698,8 @@ def test_kernel_errors():
     rng = np.random.default_rng(12)
     with pytest.raises(KernelError, match=r"b.shape=\(5, 3\): must have 4 rows"):
         kernels.gemm(TINY, _int8(rng, 4, 3), _int8(rng, 5, 3))
-    with pytest.raises(KernelError, match=r"a_t.dtype=int32: must be int8"):
+    with pytest.raises(KernelError, match=r"a_t.dtype=int32: must be one of int8, bfloat16, "
+                       r"float8_e4m3fn, float8_e5m2"):
         kernels.gemm(TINY, np.zeros((4, 3), np.int32), _int8(rng, 4, 3))
     with pytest.raises(KernelError, match=r"bias: int32 \(4,\): must be int32 of shape \(3,\)"):
         kernels.gemm_bias_relu(TINY, _int8(rng, 4, 3), _int8(rng, 4, 3),

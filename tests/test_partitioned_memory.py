@@ -238,7 +238,7 @@ def _psum_hazards(dut_class, seed):
         for cycle, (beat, write) in enumerate(schedule):
             payload = None
             if beat:
-                payload = {"bank": bank, "entry": entry, "accumulate": 1,
+                payload = {"bank": bank, "entry": entry, "accumulate": 1, "float": 0,
                            "data": [int(v) for v in rng.integers(lo, hi + 1, partitions)]}
             te.set(ctx, payload)
             dma_write.set(ctx, write)

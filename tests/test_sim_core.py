@@ -7,13 +7,15 @@ every job, with a soft reset between them, so the reset is exercised too."""
 import numpy as np
 import pytest
 
-from opentrn import config, isa, kernels
+from opentrn import config, isa, kernels, numerics
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
+from opentrn.kernel import same_bits
 from opentrn.sim import runner
 from opentrn.sim.core import CoreRunError, run_images, run_programs
 
-from .conftest import require_simulator
+from .conftest import float_inputs, require_simulator
+from .test_kernel import outside_the_tile_kernel
 
 TINY = config.preset("tiny")
 
@@ -42,6 +44,36 @@ def _kernel_jobs(cfg):
         rng.integers(-500, 500, hidden).astype(np.int32), _int8(rng, (hidden, d_out)),
         rng.integers(-500, 500, d_out).astype(np.int32), requant=((5, 9), (3, 8)))
     jobs.append(("mlp 10x9x12x5", program, expected))
+    return jobs
+
+
+def _float_kernel_jobs(cfg):
+    """``[(label, program, expected)]``: every library kernel in each float format of
+    ``cfg``, with edge values among the inputs."""
+    rng = np.random.default_rng(12)
+    jobs = []
+    for fmt in numerics.float_formats(cfg):
+        # Edge values in one operand each: an infinity or NaN spreads along its row or
+        # column, so most results stay finite (rounding, subnormals, cancellation).
+        a = float_inputs(rng, (7, 13), fmt)
+        b = float_inputs(rng, (13, 29), fmt, specials=False)
+        program, expected = kernels.gemm(cfg, a.T.copy(), b)
+        jobs.append((f"{fmt} gemm 7x13x29", program, expected))
+        a = float_inputs(rng, (9, 6), fmt, specials=False)
+        b = float_inputs(rng, (6, 35), fmt)
+        bias = rng.standard_normal(9).astype(np.float32)
+        program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, scale=0.375)
+        jobs.append((f"{fmt} gemm+bias+relu 9x6x35", program, expected))
+        batch, d_in, hidden, d_out = 10, 9, 12, 5
+        program, expected = kernels.mlp(
+            cfg, float_inputs(rng, (d_in, batch), fmt, specials=False),
+            float_inputs(rng, (d_in, hidden), fmt, specials=False),
+            rng.standard_normal(hidden).astype(np.float32),
+            float_inputs(rng, (hidden, d_out), fmt, specials=False),
+            rng.standard_normal(d_out).astype(np.float32), scales=(0.5, 2.0),
+            out="fp32" if fmt == "bf16" else fmt)
+        jobs.append((f"{fmt} mlp 10x9x12x5", program, expected))
+    jobs.append(("bf16 inf and NaN just outside the tile", *outside_the_tile_kernel(cfg)))
     return jobs
 
 
@@ -104,7 +136,7 @@ def _fault_jobs(cfg):
         ("BAD_FIELD before OUT_OF_RANGE", _image((END, _stream(load, encode(
             Opcode.MATMUL, n=0, psum_bank=cfg.psum_banks), END), END)), Fault.BAD_FIELD),
         ("int32 activation output misaligned", _image((END, END, _stream(encode(
-            Opcode.ACTIVATE, n=1, out_int32=1, dst_offset=2), END))), Fault.BAD_FIELD),
+            Opcode.ACTIVATE, n=1, out_format=7, dst_offset=2), END))), Fault.BAD_FIELD),
         ("DMA past HBM", _image((_stream(encode(
             Opcode.DMA, n0=64, n1=1, n2=1, src_addr=cfg.hbm_bytes - 8, dst_space=1), END),
             END, END)), Fault.DMA_ERROR),
@@ -119,6 +151,33 @@ def _fault_jobs(cfg):
                                               pointers=(0x1000, 0x2010, 0x3000)),
          Fault.FETCH_ERROR),
     ]
+    if numerics.float_formats(cfg):
+        bf16 = numerics.data_format("bf16").code
+        load_bf16 = encode(Opcode.LOAD_STATIONARY, rows=cfg.pe_rows, cols=cfg.pe_cols,
+                           format=bf16)
+        jobs += [
+            ("matmul in an MX format (not built)", _image((END, _stream(
+                load, encode(Opcode.MATMUL, n=1, format=4), END), END)), Fault.ILLEGAL_OPCODE),
+            ("load in fp32 (not an input format)", _image((END, _stream(encode(
+                Opcode.LOAD_STATIONARY, rows=1, cols=1, format=6), END), END)),
+             Fault.ILLEGAL_OPCODE),
+            ("matmul format differs from the tile's", _image((END, _stream(
+                load_bf16, encode(Opcode.MATMUL, n=1, format=0), END), END)), Fault.BAD_FIELD),
+            ("bf16 load at an odd offset", _image((END, _stream(encode(
+                Opcode.LOAD_STATIONARY, rows=1, cols=1, format=bf16, sbuf_offset=3), END),
+                END)), Fault.BAD_FIELD),
+            ("bf16 moving columns past the SBUF", _image((END, _stream(load_bf16, encode(
+                Opcode.MATMUL, n=2, format=bf16, sbuf_offset=sbuf_bytes - 2), END), END)),
+             Fault.OUT_OF_RANGE),
+            ("activation to an MX format", _image((END, END, _stream(encode(
+                Opcode.ACTIVATE, n=1, out_format=4), END))), Fault.ILLEGAL_OPCODE),
+            ("float activation from the SBUF", _image((END, END, _stream(encode(
+                Opcode.ACTIVATE, n=1, src=1, out_format=bf16, dst_offset=64), END))),
+             Fault.BAD_FIELD),
+            ("bf16 activation output misaligned", _image((END, END, _stream(encode(
+                Opcode.ACTIVATE, n=1, out_format=bf16, dst_offset=1), END))),
+             Fault.BAD_FIELD),
+        ]
     # A stream that runs off the end of HBM (a NOP in the last 32 bytes, then nothing).
     hbm = np.zeros(cfg.hbm_bytes, np.uint8)
     last = cfg.hbm_bytes - isa.WORD_BYTES
@@ -134,7 +193,7 @@ def _fault_jobs(cfg):
 @pytest.mark.parametrize("sim", runner.SIMULATORS)
 def test_core_runs_kernels_and_faults_like_the_golden_machine(sim):
     require_simulator(sim)
-    kernel_jobs = _kernel_jobs(TINY)
+    kernel_jobs = _kernel_jobs(TINY) + _float_kernel_jobs(TINY)
     fault_jobs = _fault_jobs(TINY)
     images = [(program.hbm, program.programs) for _, program, _ in kernel_jobs]
     images += [(hbm, pointers) for _, hbm, pointers, _ in fault_jobs]
@@ -149,7 +208,7 @@ def test_core_runs_kernels_and_faults_like_the_golden_machine(sim):
         assert np.array_equal(outcome.hbm, reference.hbm[:len(program.hbm)]), label
         outputs = program.read_outputs(outcome.hbm)
         for name, value in expected.items():
-            assert np.array_equal(outputs[name], value), (label, name)
+            assert same_bits(outputs[name], value), (label, name)
         assert outcome.counters["macs"] == reference.counters["macs"] == program.macs, label
         assert outcome.counters["dma_bytes"] == reference.counters["dma_bytes"], label
         # Every engine was busy at some point and no counter exceeds the run.

@@ -1,10 +1,11 @@
 """The SBUF and PSUM RTL under cocotb on both simulators: every response bit-exact against
 the golden models, the 1-cycle read latency, every grant against the round-robin arbiter,
-the whole memory read back at the end, and the PSUM read-modify-write hazards."""
+the whole memory read back at the end, the PSUM read-modify-write hazards, and on tiny (a
+build with float formats) the PSUM's FP32 accumulation."""
 
 import pytest
 
-from opentrn import config
+from opentrn import config, numerics
 from opentrn.sim import runner
 
 from .conftest import require_simulator
@@ -15,8 +16,8 @@ BUILDS = {
     "sbuf-small": ("sbuf", config.preset("small")),
     "psum-tiny": ("psum", config.preset("tiny")),
     "psum-small": ("psum", config.preset("small")),
-    # 16-bit accumulators: accumulation wraps.
-    "psum-tiny-acc16": ("psum", config.preset("tiny").replace(acc_bits=16)),
+    # 16-bit accumulators (an int8-only build): accumulation wraps.
+    "psum-tiny-acc16": ("psum", config.preset("tiny").replace(dtypes=("int8",), acc_bits=16)),
 }
 
 
@@ -55,8 +56,10 @@ def test_sbuf(sim, build):
 @pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("psum")])
 def test_psum(sim, build):
     cfg, records = _run(sim, build)
+    floats = bool(numerics.float_formats(cfg))
     assert set(records) == {"random_mix", "back_to_back_accumulate",
-                            "accumulate_meets_dma_write", "write_latency"}
+                            "accumulate_meets_dma_write", "write_latency",
+                            *(["float_accumulate"] if floats else [])}
     mix = records["random_mix"]
     assert mix["image_equal"]
     assert mix["reads"] + mix["writes"] >= OPS
@@ -72,3 +75,10 @@ def test_psum(sim, build):
     assert records["write_latency"]["read_offsets"] == [1, 2]
     if cfg.acc_bits == 16:
         assert mix["wrapped"] > 0 and back_to_back["wrapped"] > 0
+    if floats:
+        # Float beats in the random mix, and every FP32 corner in the directed test.
+        assert mix["float_accumulates"] > 0
+        accumulate = records["float_accumulate"]
+        assert accumulate["pairs"] > 1500 and accumulate["reads"] >= accumulate["pairs"] // 4
+        for key in ("nan", "inf", "cancelled", "subnormal"):
+            assert accumulate[key] > 0, key

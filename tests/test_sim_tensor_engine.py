@@ -1,10 +1,13 @@
 """The tensor engine RTL under cocotb on both simulators: every result beat bit-exact
-against the golden model, and cycle-exact against the documented formulas."""
+against the golden model, and cycle-exact against the documented formulas; on tiny (the
+build with BF16 and FP8) also float matmuls with edge values and every format interleaved
+on shared tiles."""
 
 import numpy as np
 import pytest
 from vcdvcd import VCDVCD
 
+from opentrn import numerics
 from opentrn.golden import tensor_engine as golden
 from opentrn.sim import runner, wave
 from opentrn.sim.tb_tensor_engine import directed_program
@@ -26,8 +29,10 @@ def test_tensor_engine(sim, build, tmp_path):
                         vcd=vcd)
     assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
     records = {record["test"]: record for record in result.reports}
+    floats = numerics.float_formats(cfg)
     assert set(records) == {"extremes", "random_workload", "random_backpressure",
-                            "back_to_back", "back_to_back_reused"}
+                            "back_to_back", "back_to_back_reused",
+                            *(["float_random", "mixed_formats"] if floats else [])}
     assert sum(record["cases"] for record in records.values()) >= 200
     for record in records.values():
         assert record["mismatches"] == 0 and record["cycle_mismatches"] == 0
@@ -37,6 +42,14 @@ def test_tensor_engine(sim, build, tmp_path):
     assert records["back_to_back"]["n"] == cfg.pe_rows + cfg.pe_cols
     assert records["back_to_back"]["moving_idle_cycles"] == 0
     assert records["back_to_back_reused"]["moving_idle_cycles"] == 0
+    if floats:
+        float_random, mixed = records["float_random"], records["mixed_formats"]
+        assert float_random["cycles_checked"]
+        assert float_random["formats"] == sorted(floats)
+        assert mixed["formats"] == sorted(cfg.dtypes)
+        # The specials came out of the array: NaN, infinities, zeros, FP32 subnormals.
+        for classes in float_random["float_results"], mixed["float_results"]:
+            assert all(count > 0 for count in classes.values()), classes
 
     if vcd is not None:
         # The VCD is real: vcdvcd reads it, and the handshakes in it add up to the beats.

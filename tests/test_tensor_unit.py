@@ -1,7 +1,8 @@
 """TensorUnit on Amaranth's simulator: random legal programs of LOAD_STATIONARY and MATMUL
-against the golden tensor engine and PSUM, bit for bit, with the SBUF and PSUM modelled by
-the testbench (random SBUF grants, PSUM back-pressure); retirement order and timing; the
-fault of every rule; and the array's use on back-to-back matmuls."""
+(int8, and on tiny also BF16, FP8 E4M3 and FP8 E5M2 tiles) against the golden tensor engine
+and PSUM, bit for bit, with the SBUF and PSUM modelled by the testbench (random SBUF grants,
+PSUM back-pressure); retirement order and timing; the fault of every rule; and the array's
+use on back-to-back matmuls."""
 
 import random
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from opentrn import config, isa
+from opentrn import config, isa, numerics
 from opentrn.golden import psum as golden_psum
 from opentrn.golden import sbuf as golden_sbuf
 from opentrn.golden import tensor_engine as golden_te
@@ -19,30 +20,47 @@ from opentrn.sim.streams import PayloadCodec
 
 TINY = config.preset("tiny")
 SMALL = config.preset("small")
+TINY_INT8 = TINY.replace(dtypes=("int8",))
 LOAD, MATMUL = isa.Opcode.LOAD_STATIONARY, isa.Opcode.MATMUL
+CODE = {name: numerics.data_format(name).code for name in numerics.HARDWARE_TENSOR_FORMATS}
 
 
 def _word(opcode, **fields):
     return int.from_bytes(isa.encode(opcode, **fields), "little")
 
 
+def _elements(image, offset, count, fmt):
+    """``count`` elements of ``fmt`` from byte ``offset`` of every partition, as the raw
+    bits the unit feeds the array (little-endian, zero-extended)."""
+    size = fmt.bytes
+    raw = image[:, offset:offset + count * size].astype(np.int64)
+    return sum(raw[:, byte::size] << (8 * byte) for byte in range(size))
+
+
 def _reference(cfg, image, program):
     """The PSUM a program leaves, from the golden models: ``(psum image, total MACs)``."""
     k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
-    signed = image.astype(np.int8).astype(np.int64)
     result = golden_psum.PSUM(cfg)
-    tile, tile_macs, macs = None, 0, 0
+    tile, tile_macs, macs, fmt = None, 0, 0, None
     for opcode, f in program:
         off = f["sbuf_offset"]
         if opcode == LOAD:
+            fmt = numerics.format_of_code(f.get("format", 0))
             tile = np.zeros((k_rows, m_cols), dtype=np.int64)
-            tile[:f["rows"], :f["cols"]] = signed[:f["rows"], off:off + f["cols"]]
+            tile[:f["rows"], :f["cols"]] = _elements(image, off, f["cols"], fmt)[:f["rows"]]
             tile_macs = f["rows"] * f["cols"]
+            rows, cols = f["rows"], f["cols"]
         else:
-            out = golden_te.matmul(cfg, tile, signed[:, off:off + f["n"]])
+            assert f.get("format", 0) == fmt.code
+            # Outside the tile nothing contributes (docs/isa.md): partitions >= rows enter
+            # as 0, PSUM partitions >= cols receive 0.
+            moving = _elements(image, off, f["n"], fmt)
+            moving[rows:] = 0
+            out = golden_te.matmul_bits(cfg, tile, moving, fmt.name)
+            out[cols:] = 0
             for j in range(f["n"]):
                 result.te_write(f["psum_bank"], f["psum_entry"] + j, out[:, j],
-                                f["accumulate"])
+                                f["accumulate"], float=fmt.element is not None)
             macs += f["n"] * tile_macs
     return result.image, macs
 
@@ -70,8 +88,10 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
     dut = TensorUnit(config=cfg)
     beat = PayloadCodec(hdl_psum.te_write_layout(cfg))
     model = golden_psum.PSUM(cfg)
-    # Every expected PSUM beat in order: (program index, bank, entry, accumulate, last).
-    beats = [(i, f["psum_bank"], f["psum_entry"] + j, f["accumulate"], j == f["n"] - 1)
+    # Every expected PSUM beat in order: (program index, bank, entry, accumulate, float,
+    # last).
+    beats = [(i, f["psum_bank"], f["psum_entry"] + j, f["accumulate"],
+              int(f.get("format", 0) != CODE["int8"]), j == f["n"] - 1)
              for i, (opcode, f) in enumerate(program) if opcode == MATMUL
              for j in range(f["n"])]
     stats = {"busy": [], "macs": 0, "retired": 0, "cycles": 0, "max_active": 0}
@@ -110,10 +130,13 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
             answer = ctx.get(request.payload.word) if granted else None
             if ctx.get(write.valid) and ready:
                 got = beat.decode(ctx.get(write.payload.as_value()))
-                index, bank, entry, accumulate, last = beats[next_beat]
-                assert (got["bank"], got["entry"], got["accumulate"]) == \
-                    (bank, entry, accumulate), (cycle, next_beat)
-                model.te_write(bank, entry, np.array(got["data"]), accumulate)
+                index, bank, entry, accumulate, is_float, last = beats[next_beat]
+                assert (got["bank"], got["entry"], got["accumulate"], got["float"]) == \
+                    (bank, entry, accumulate, is_float), (cycle, next_beat)
+                values = np.array(got["data"], dtype=np.int64)
+                if is_float:
+                    values &= 0xFFFF_FFFF          # FP32 codes in the signed data field
+                model.te_write(bank, entry, values, accumulate, float=is_float)
                 next_beat += 1
                 if last:
                     last_write[index] = cycle
@@ -153,21 +176,26 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
 
 def _random_program(cfg, rng, matmuls, *, reuse=0.4):
     """Legal programs: a load before the first matmul, never two loads in a row; random
-    tile sizes, offsets, lengths, destinations; tiles reused with probability ``reuse``."""
+    tile sizes, formats (of ``cfg.dtypes``), element-aligned offsets, lengths, destinations;
+    tiles reused with probability ``reuse``."""
     size = cfg.sbuf_bytes_per_partition
     program = []
+    fmt = None
     for index in range(matmuls):
         if index == 0 or rng.random() >= reuse:
+            fmt = numerics.data_format(rng.choice(cfg.dtypes))
             rows = rng.choice([cfg.pe_rows, rng.randint(1, cfg.pe_rows)])
             cols = rng.choice([cfg.pe_cols, rng.randint(1, cfg.pe_cols)])
-            program.append((LOAD, {"sbuf_offset": rng.randrange(size - cols + 1),
-                                   "rows": rows, "cols": cols}))
+            program.append((LOAD, {
+                "sbuf_offset": fmt.bytes * rng.randrange(size // fmt.bytes - cols + 1),
+                "rows": rows, "cols": cols, "format": fmt.code}))
         n = rng.choice([rng.randint(1, cfg.moving_max), rng.randint(1, 4)])
+        last = size // fmt.bytes - n
         program.append((MATMUL, {
-            "sbuf_offset": rng.choice([rng.randrange(size - n + 1), size - n]),
+            "sbuf_offset": fmt.bytes * rng.choice([rng.randrange(last + 1), last]),
             "n": n, "psum_bank": rng.randrange(cfg.psum_banks),
             "psum_entry": rng.randrange(cfg.psum_bank_entries - n + 1),
-            "accumulate": rng.randrange(2)}))
+            "accumulate": rng.randrange(2), "format": fmt.code}))
     return program
 
 
@@ -175,7 +203,7 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
     (TINY, 1, 1.0, 1.0, 1.0, 60),
     (TINY, 2, 0.33, 1.0, 0.5, 40),
     (TINY, 3, 0.6, 0.7, 0.8, 40),
-    (TINY.replace(acc_bits=16), 4, 0.5, 0.8, 1.0, 30),
+    (TINY_INT8.replace(acc_bits=16), 4, 0.5, 0.8, 1.0, 30),
     (SMALL, 5, 0.5, 0.8, 0.9, 25),
     (TINY.replace(dma_bus_bytes=4, psum_banks=2), 6, 0.5, 0.8, 1.0, 30),
     (TINY.replace(pe_cols=8, moving_max=12, sbuf_bytes_per_partition=128), 7, 0.5, 0.8, 1.0,
@@ -187,7 +215,44 @@ def test_random_programs_match_golden(cfg, seed, grant, psum_ready, present, mat
     stats = _run(cfg, program, seed=seed, grant=grant, psum_ready=psum_ready,
                  present=present)
     assert stats["retired"] == len(program)
+    # Every format of the build was loaded and multiplied.
+    used = {f["format"] for opcode, f in program if opcode == MATMUL}
+    assert used == {CODE[name] for name in cfg.dtypes}
 
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2"])
+def test_float_matmul_edge_values(fmt):
+    """A float tile and moving vectors of the format's edge codes (zeros of both signs,
+    subnormals, max finite, infinities, NaNs) in the SBUF, at offsets that start mid-word
+    and cross words; accumulate and overwrite into one entry; bit for bit."""
+    cfg = TINY
+    data_format = numerics.data_format(fmt)
+    size = data_format.bytes
+    rng = np.random.default_rng(list(fmt.encode()))
+    _, word_bytes, depth = golden_sbuf.geometry(cfg)
+    element = data_format.element
+    man = element.man_bits
+    edge = [0, 1, (1 << man) - 1, 1 << man, element.bias << man, element.max_finite_bits,
+            element.canonical_nan, (1 << (element.bits - 1)) - 1]
+    if element.has_inf:
+        edge.append(element.exp_max_field << man)
+    edge += [code | (1 << (element.bits - 1)) for code in edge]
+    codes = np.where(rng.random((cfg.sbuf_partitions, depth * word_bytes // size)) < 0.5,
+                     rng.choice(edge, (cfg.sbuf_partitions, depth * word_bytes // size)),
+                     rng.integers(0, 1 << element.bits,
+                                  (cfg.sbuf_partitions, depth * word_bytes // size)))
+    image = np.stack([(codes >> (8 * b)) & 0xFF for b in range(size)], axis=2) \
+        .reshape(cfg.sbuf_partitions, -1).astype(np.uint8)
+    c = data_format.code
+    program = [(LOAD, {"sbuf_offset": 3 * size, "rows": 4, "cols": 4, "format": c})]
+    for i in range(6):
+        program.append((MATMUL, {"sbuf_offset": (5 + 7 * i) * size, "n": 1 + 2 * i,
+                                 "psum_bank": 2, "psum_entry": 1, "accumulate": int(i > 0),
+                                 "format": c}))
+    program.append((LOAD, {"sbuf_offset": 11 * size, "rows": 3, "cols": 2, "format": c}))
+    program.append((MATMUL, {"sbuf_offset": 0, "n": 16, "psum_bank": 2, "psum_entry": 0,
+                             "accumulate": 1, "format": c}))
+    _run(cfg, program, seed=8, grant=0.7, psum_ready=0.8, image=image)
 
 def test_accumulate_into_one_entry_back_to_back():
     """Matmuls of one vector accumulating into one PSUM entry, back to back, with one tile
@@ -308,50 +373,133 @@ _LOADED = [(LOAD, {"rows": 1, "cols": 1}), (MATMUL, {"n": 1})]
 _GOOD_LOAD = {"sbuf_offset": _B - 4, "rows": 4, "cols": 4}
 _GOOD_MATMUL = {"sbuf_offset": _B - 16, "n": 16, "psum_bank": 3, "psum_entry": 0}
 BAD, RANGE, NONE = isa.Fault.BAD_FIELD, isa.Fault.OUT_OF_RANGE, isa.Fault.NONE
+ILLEGAL = isa.Fault.ILLEGAL_OPCODE
 
 
-@pytest.mark.parametrize("opcode, fields, fault", [
-    (LOAD, _GOOD_LOAD, NONE),
-    (LOAD, {**_GOOD_LOAD, "rows": 0}, BAD),
-    (LOAD, {**_GOOD_LOAD, "rows": 5}, BAD),
-    (LOAD, {**_GOOD_LOAD, "cols": 0}, BAD),
-    (LOAD, {**_GOOD_LOAD, "cols": 5}, BAD),
-    (LOAD, {**_GOOD_LOAD, "sbuf_offset": _B - 3}, RANGE),
-    (LOAD, {**_GOOD_LOAD, "sbuf_offset": 2**32 - 1}, RANGE),
-    (LOAD, {"sbuf_offset": _B, "rows": 0, "cols": 4}, BAD),        # BAD_FIELD first
-    (MATMUL, _GOOD_MATMUL, NONE),
-    (MATMUL, {**_GOOD_MATMUL, "n": 0}, BAD),
-    (MATMUL, {**_GOOD_MATMUL, "n": 17}, BAD),
-    (MATMUL, {**_GOOD_MATMUL, "sbuf_offset": _B - 15}, RANGE),
-    (MATMUL, {**_GOOD_MATMUL, "sbuf_offset": 2**32 - 1}, RANGE),
-    (MATMUL, {**_GOOD_MATMUL, "psum_bank": 4}, RANGE),
-    (MATMUL, {**_GOOD_MATMUL, "psum_bank": 255}, RANGE),
-    (MATMUL, {**_GOOD_MATMUL, "n": 4, "psum_entry": 13}, RANGE),
-    (MATMUL, {**_GOOD_MATMUL, "n": 1, "psum_entry": 65535}, RANGE),
-    (MATMUL, {**_GOOD_MATMUL, "n": 17, "psum_bank": 4}, BAD),        # BAD_FIELD first
-    (isa.Opcode.NOP, {}, NONE),
-    (isa.Opcode.ACTIVATE, {"n": 0}, NONE),                 # another engine's rules
-], ids=["load-ok", "rows-0", "rows-past-K", "cols-0", "cols-past-M", "load-past-sbuf",
-        "load-offset-huge", "load-bad-before-range", "matmul-ok", "n-0", "n-past-moving-max",
-        "matmul-past-sbuf", "matmul-offset-huge", "bank-past-banks", "bank-255",
-        "entry-past-bank", "entry-huge", "matmul-bad-before-range", "nop", "activate"])
-def test_field_rules(opcode, fields, fault):
-    assert _faults(TINY, _LOADED, [(opcode, fields)]) == [fault]
+#: (id, opcode, fields, fault) after an int8 load and matmul, on tiny.
+FIELD_RULES = [
+    ("load-ok", LOAD, _GOOD_LOAD, NONE),
+    ("rows-0", LOAD, {**_GOOD_LOAD, "rows": 0}, BAD),
+    ("rows-past-K", LOAD, {**_GOOD_LOAD, "rows": 5}, BAD),
+    ("cols-0", LOAD, {**_GOOD_LOAD, "cols": 0}, BAD),
+    ("cols-past-M", LOAD, {**_GOOD_LOAD, "cols": 5}, BAD),
+    ("load-past-sbuf", LOAD, {**_GOOD_LOAD, "sbuf_offset": _B - 3}, RANGE),
+    ("load-offset-huge", LOAD, {**_GOOD_LOAD, "sbuf_offset": 2**32 - 1}, RANGE),
+    ("load-bad-before-range", LOAD, {"sbuf_offset": _B, "rows": 0, "cols": 4}, BAD),
+    ("matmul-ok", MATMUL, _GOOD_MATMUL, NONE),
+    ("n-0", MATMUL, {**_GOOD_MATMUL, "n": 0}, BAD),
+    ("n-past-moving-max", MATMUL, {**_GOOD_MATMUL, "n": 17}, BAD),
+    ("matmul-past-sbuf", MATMUL, {**_GOOD_MATMUL, "sbuf_offset": _B - 15}, RANGE),
+    ("matmul-offset-huge", MATMUL, {**_GOOD_MATMUL, "sbuf_offset": 2**32 - 1}, RANGE),
+    ("bank-past-banks", MATMUL, {**_GOOD_MATMUL, "psum_bank": 4}, RANGE),
+    ("bank-255", MATMUL, {**_GOOD_MATMUL, "psum_bank": 255}, RANGE),
+    ("entry-past-bank", MATMUL, {**_GOOD_MATMUL, "n": 4, "psum_entry": 13}, RANGE),
+    ("entry-huge", MATMUL, {**_GOOD_MATMUL, "n": 1, "psum_entry": 65535}, RANGE),
+    ("matmul-bad-before-range", MATMUL, {**_GOOD_MATMUL, "n": 17, "psum_bank": 4}, BAD),
+    ("nop", isa.Opcode.NOP, {}, NONE),
+    ("activate", isa.Opcode.ACTIVATE, {"n": 0}, NONE),     # another engine's rules
+]
+
+
+def _check_table(cfg, accept, table):
+    """The fault of every ``(id, opcode, fields)`` check of ``table``, in one simulation
+    (the unit is elaborated once: a tiny unit with its float PEs takes a second or two)."""
+    got = _faults(cfg, accept, [(opcode, fields) for _, opcode, fields, _ in table])
+    mismatches = [(name, want, fault) for (name, _, _, want), fault
+                  in zip(table, got, strict=True) if fault != want]
+    assert not mismatches, mismatches
+
+
+def test_field_rules():
+    _check_table(TINY, _LOADED, FIELD_RULES)
 
 
 def test_matmul_needs_a_load_before_it():
-    faults = _faults(TINY, [], [(MATMUL, {"n": 1}), (LOAD, {"rows": 1, "cols": 1}),
+    faults = _faults(TINY_INT8, [], [(MATMUL, {"n": 1}), (LOAD, {"rows": 1, "cols": 1}),
                                 (MATMUL, {"n": 0})])
     assert faults == [BAD, NONE, BAD]
 
 
 def test_no_two_loads_without_a_matmul_between():
     load, matmul = (LOAD, {"rows": 1, "cols": 1}), (MATMUL, {"n": 1})
-    assert _faults(TINY, [load], [load, matmul]) == [BAD, NONE]
-    assert _faults(TINY, [load, matmul], [load, matmul]) == [NONE, NONE]
-    assert _faults(TINY, [load, matmul, matmul], [load]) == [NONE]
+    assert _faults(TINY_INT8, [load], [load, matmul]) == [BAD, NONE]
+    assert _faults(TINY_INT8, [load, matmul], [load, matmul]) == [NONE, NONE]
+    assert _faults(TINY_INT8, [load, matmul, matmul], [load]) == [NONE]
 
 
-def test_refuses_floating_point():
-    with pytest.raises(ValueError, match="dtypes=bf16: the tensor unit drives the int8"):
-        TensorUnit(config=TINY.replace(dtypes=("bf16",), acc_bits=32))
+def _loaded(fmt):
+    return [(LOAD, {"rows": 1, "cols": 1, "format": CODE[fmt]}),
+            (MATMUL, {"n": 1, "format": CODE[fmt]})]
+
+
+_SWITCHED = _loaded("fp8e4m3") + [(LOAD, {"rows": 1, "cols": 1, "format": CODE["fp8e5m2"]})]
+_ODD_BF16 = {"sbuf_offset": 3, "rows": 4, "cols": 4, "format": CODE["bf16"]}
+
+#: (cfg, accepted instructions, [(id, opcode, fields, fault)]): the rules of the
+#: instructions' ``format``, grouped by what was accepted before the checks.
+FORMAT_RULES = {
+    "small": (SMALL, _LOADED, [
+        # ILLEGAL_OPCODE: a format the build lacks.
+        ("load-bf16", LOAD, {**_GOOD_LOAD, "format": CODE["bf16"]}, ILLEGAL),
+        ("load-fp8", LOAD, {**_GOOD_LOAD, "format": CODE["fp8e4m3"]}, ILLEGAL),
+        ("matmul-bf16", MATMUL, {**_GOOD_MATMUL, "format": CODE["bf16"]}, ILLEGAL),
+        ("matmul-fp8", MATMUL, {**_GOOD_MATMUL, "format": CODE["fp8e5m2"]}, ILLEGAL),
+    ]),
+    "tiny-int8-tile": (TINY, _LOADED, [
+        *[(f"load-code-{c}", LOAD, {**_GOOD_LOAD, "format": c}, ILLEGAL) for c in range(4, 8)],
+        *[(f"matmul-code-{c}", MATMUL, {**_GOOD_MATMUL, "format": c}, ILLEGAL)
+          for c in range(4, 8)],
+        ("illegal-before-bad", LOAD, {"sbuf_offset": _B, "rows": 0, "cols": 4, "format": 4},
+         ILLEGAL),
+        # BF16 loads: 2-byte elements, even offsets, extents of 2 * cols bytes.
+        ("bf16-load-ok", LOAD, {**_ODD_BF16, "sbuf_offset": _B - 8}, NONE),
+        ("bf16-load-odd", LOAD, _ODD_BF16, BAD),
+        ("bf16-load-past-sbuf", LOAD, {**_ODD_BF16, "sbuf_offset": _B - 6}, RANGE),
+        ("bf16-load-odd-before-range", LOAD, {**_ODD_BF16, "sbuf_offset": _B - 7}, BAD),
+        ("fp8-load-odd-ok", LOAD, {**_ODD_BF16, "format": CODE["fp8e4m3"]}, NONE),
+        # A matmul's format must be its tile's (the latest accepted load's).
+        ("int8-tile-bf16-matmul", MATMUL, {**_GOOD_MATMUL, "sbuf_offset": 0, "format": 1},
+         BAD),
+        ("int8-tile-fp8-matmul", MATMUL, {**_GOOD_MATMUL, "format": 2}, BAD),
+    ]),
+    "no-load": (TINY, [], [
+        ("illegal-before-no-load", MATMUL, {"n": 0, "format": 7}, ILLEGAL),
+        ("no-load", MATMUL, {"n": 1, "format": 1}, BAD),
+    ]),
+    "tiny-bf16-tile": (TINY, _loaded("bf16"), [
+        ("bf16-matmul-ok", MATMUL, {**_GOOD_MATMUL, "sbuf_offset": _B - 32, "format": 1},
+         NONE),
+        ("bf16-matmul-odd", MATMUL, {**_GOOD_MATMUL, "sbuf_offset": 1, "format": 1}, BAD),
+        ("bf16-matmul-past-sbuf", MATMUL,
+         {**_GOOD_MATMUL, "sbuf_offset": _B - 30, "format": 1}, RANGE),
+        ("bf16-matmul-2-bytes-each", MATMUL, {**_GOOD_MATMUL, "format": 1}, RANGE),
+        ("bf16-tile-int8-matmul", MATMUL, {**_GOOD_MATMUL, "format": 0}, BAD),
+        ("mismatch-before-range", MATMUL, {**_GOOD_MATMUL, "format": 0, "psum_bank": 9},
+         BAD),
+    ]),
+    "tiny-fp8-tile": (TINY, _loaded("fp8e5m2"), [
+        ("fp8-matmul-ok", MATMUL, {**_GOOD_MATMUL, "format": 3}, NONE),
+        ("fp8-matmul-past-sbuf", MATMUL,
+         {**_GOOD_MATMUL, "sbuf_offset": _B - 15, "format": 3}, RANGE),
+        ("e5m2-tile-e4m3-matmul", MATMUL, {**_GOOD_MATMUL, "format": 2}, BAD),
+    ]),
+    "tiny-latest-load": (TINY, _SWITCHED, [
+        ("latest-load-counts", MATMUL, {**_GOOD_MATMUL, "format": 3}, NONE),
+        ("earlier-load-does-not", MATMUL, {**_GOOD_MATMUL, "format": 2}, BAD),
+    ]),
+}
+
+
+@pytest.mark.parametrize("group", list(FORMAT_RULES))
+def test_format_rules(group):
+    cfg, accept, table = FORMAT_RULES[group]
+    _check_table(cfg, accept, table)
+
+
+@pytest.mark.parametrize("dtypes, message", [
+    (("int8", "mxfp8e4m3"), "implements int8, bf16, fp8e4m3, fp8e5m2, not mxfp8e4m3"),
+    (("bf16",), "dtypes=bf16: must include int8"),
+])
+def test_refuses_formats_the_hardware_lacks(dtypes, message):
+    with pytest.raises(ValueError, match=message):
+        TensorUnit(config=TINY.replace(dtypes=dtypes, acc_bits=32))

@@ -83,9 +83,21 @@ def _positive(name, value):
     return value
 
 
-def _random_int8(rng, shape):
+def _random_inputs(rng, shape, dtype):
+    """Random int8 values, or normal values rounded to the float format ``dtype``."""
     import numpy as np
-    return rng.integers(-128, 128, shape).astype(np.int8)
+
+    from opentrn.kernel import FORMAT_DTYPES
+    if dtype == "int8":
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[dtype])
+
+
+def _random_bias(rng, size, dtype, span):
+    import numpy as np
+    if dtype == "int8":
+        return rng.integers(-span, span, size).astype(np.int32)
+    return rng.standard_normal(size).astype(np.float32)
 
 
 def _build_kernel(args, cfg):
@@ -94,25 +106,30 @@ def _build_kernel(args, cfg):
 
     from opentrn import kernels
     rng = np.random.default_rng(args.seed)
+    dtype = args.dtype
+    if dtype not in cfg.dtypes:
+        raise ConfigError(f"--dtype={dtype}: not among this build's formats, dtypes="
+                          f"{','.join(cfg.dtypes)} (add it with --set dtypes=...)")
+    # Float scales keep the outputs in range; int8 requantizes by a shift instead.
+    scaling = ({} if dtype == "int8" else {"scales": (0.25, 0.25)})
     if args.kernel == "mlp":
         batch, d_in, hidden, d_out = (_positive(f"--{name}", getattr(args, name.replace(
             "-", "_"))) for name in ("batch", "d-in", "hidden", "d-out"))
         program, expected = kernels.mlp(
-            cfg, _random_int8(rng, (d_in, batch)), _random_int8(rng, (d_in, hidden)),
-            rng.integers(-2000, 2000, hidden).astype(np.int32),
-            _random_int8(rng, (hidden, d_out)),
-            rng.integers(-2000, 2000, d_out).astype(np.int32),
-            requant=((1, 7), (1, 7)))
-        return f"mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
+            cfg, _random_inputs(rng, (d_in, batch), dtype),
+            _random_inputs(rng, (d_in, hidden), dtype), _random_bias(rng, hidden, dtype, 2000),
+            _random_inputs(rng, (hidden, d_out), dtype), _random_bias(rng, d_out, dtype, 2000),
+            requant=((1, 7), (1, 7)) if dtype == "int8" else None, **scaling)
+        return f"{dtype} mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
     m, k, n = (_positive(f"--{name}", getattr(args, name)) for name in ("m", "k", "n"))
-    a, b = _random_int8(rng, (m, k)), _random_int8(rng, (k, n))
+    a, b = _random_inputs(rng, (m, k), dtype), _random_inputs(rng, (k, n), dtype)
     if args.kernel == "gemm-relu":
-        bias = rng.integers(-4000, 4000, m).astype(np.int32)
-        program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, multiplier=1,
-                                                   shift=8)
-        return f"gemm+bias+relu {m}x{k}x{n}", program, expected
+        bias = _random_bias(rng, m, dtype, 4000)
+        requant = {"multiplier": 1, "shift": 8} if dtype == "int8" else {"scale": 0.125}
+        program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, **requant)
+        return f"{dtype} gemm+bias+relu {m}x{k}x{n}", program, expected
     program, expected = kernels.gemm(cfg, a.T.copy(), b)
-    return f"gemm {m}x{k}x{n}", program, expected
+    return f"{dtype} gemm {m}x{k}x{n}", program, expected
 
 
 def _run_kernel(args):
@@ -123,6 +140,7 @@ def _run_kernel(args):
     from opentrn.golden.core import Core as GoldenCore
     from opentrn.hdl import check
     from opentrn.isa import Fault
+    from opentrn.kernel import mismatches as count_mismatches
     from opentrn.sim import runner
     from opentrn.sim.core import CoreRunError, run_programs
     cfg = _config(args)
@@ -143,8 +161,7 @@ def _run_kernel(args):
         return 1
     progress("done")
     outputs = program.read_outputs(outcome.hbm)
-    mismatches = sum(int(np.count_nonzero(outputs[name] != value))
-                     for name, value in expected.items())
+    mismatches = sum(count_mismatches(outputs[name], value) for name, value in expected.items())
     golden_mismatches = int(np.count_nonzero(outcome.hbm != reference.hbm[:len(outcome.hbm)]))
     counters = outcome.counters
     cycles = counters["cycles"]
@@ -155,7 +172,7 @@ def _run_kernel(args):
         "preset": _preset_label(args),
         "sim": sim,
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
-        "dtype": "int8",                 # the kernels' format (the only one built so far)
+        "dtype": args.dtype,
         "fault": Fault(outcome.fault).name,
         "mismatches": mismatches,
         "golden_mismatches": golden_mismatches,
@@ -230,6 +247,9 @@ def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
     parser.add_argument("--seed", type=int, default=1, help="input data seed (default: 1)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--dtype", choices=("int8", "bf16", "fp8e4m3", "fp8e5m2"),
+                        default="int8", help="input format of the kernel, one of the "
+                        "build's dtypes (default: int8)")
 
 
 def _add_gemm_options(parser, *, default):
@@ -271,15 +291,18 @@ def _parser():
         "run", help="run a library kernel on the core RTL under cocotb, bit-exact check, "
                     "performance counters")
     kinds = p.add_subparsers(dest="kernel", required=True, metavar="KERNEL")
-    for kind, text in (("gemm", "C = A @ B, int8 inputs, int32 results"),
-                       ("gemm-relu", "int8 relu((A @ B + bias) / 2**8)")):
+    for kind, text in (("gemm", "C = A @ B: int8 inputs, int32 results; float inputs, "
+                                "FP32 results"),
+                       ("gemm-relu", "int8 relu((A @ B + bias) / 2**8), or in a float "
+                                     "format relu((A @ B) / 8 + bias)")):
         q = kinds.add_parser(kind, help=text)
         _add_config_options(q)
         _add_run_options(q, sims=SIMULATORS, default_sim="Icarus if installed, else "
                                                          "Verilator")
         _add_gemm_options(q, default=(64, 64, 64))
         q.set_defaults(func=_cmd_run)
-    q = kinds.add_parser("mlp", help="a 2-layer int8 MLP (relu, requantized), feature-major")
+    q = kinds.add_parser("mlp", help="a 2-layer MLP (relu, requantized or scaled), "
+                                     "feature-major")
     _add_config_options(q)
     _add_run_options(q, sims=SIMULATORS, default_sim="Icarus if installed, else Verilator")
     for name, default in (("batch", 16), ("d-in", 32), ("hidden", 64), ("d-out", 16)):

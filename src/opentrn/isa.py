@@ -59,7 +59,8 @@ ENGINE_OPCODES = {
 class Fault(enum.IntEnum):
     """The core's error codes (status register ``error_code``; docs/isa.md, "Errors")."""
     NONE = 0
-    ILLEGAL_OPCODE = 1   # unknown opcode, or one the engine does not execute
+    ILLEGAL_OPCODE = 1   # unknown opcode, one the engine does not execute, or a format the
+                         # build lacks (Config.dtypes)
     BAD_FIELD = 2        # a field outside its rule: semaphore index, n, rows, alignment...
     OUT_OF_RANGE = 3     # an SBUF / PSUM access past the buffer, or a DMA field too wide
     DMA_ERROR = 4        # the DMA finished a descriptor with an error (see dma_error_code)
@@ -121,26 +122,35 @@ FORMATS = {
         Field("sbuf_offset", 64, 32, doc="byte offset of column 0 in partitions 0..rows-1"),
         Field("rows", 96, 16, doc="1..pe_rows: rows (partitions) loaded; the rest are 0"),
         Field("cols", 112, 16, doc="1..pe_cols: columns loaded; the rest are 0"),
+        Field("format", 128, 3, doc="element format (docs/numerics.md): 0 int8, 1 bf16, "
+              "2 fp8e4m3, 3 fp8e5m2; one of Config.dtypes"),
     ),
     Opcode.MATMUL: (
         Field("sbuf_offset", 64, 32, doc="byte offset of moving column 0 in every partition"),
         Field("n", 96, 16, doc="1..moving_max: moving columns"),
         Field("psum_bank", 112, 8, doc="< psum_banks"),
         Field("psum_entry", 120, 16, doc="first entry; psum_entry + n <= psum_bank_entries"),
-        Field("accumulate", 136, 1, doc="1: add to PSUM; 0: overwrite"),
+        Field("accumulate", 136, 1, doc="1: add to PSUM (int32 or FP32 by format); "
+              "0: overwrite"),
+        Field("format", 137, 3, doc="element format, that of the stationary tile"),
     ),
     Opcode.ACTIVATE: (
-        Field("src", 64, 1, doc="0: PSUM (bank, entry); 1: SBUF int8 at src_offset"),
+        Field("src", 64, 1, doc="0: PSUM (bank, entry); 1: SBUF int8 at src_offset "
+              "(integer path only)"),
         Field("function", 65, 1, doc="0: identity, 1: relu"),
-        Field("out_int32", 66, 1, doc="0: int8 results (1 byte), 1: int32 (4 bytes)"),
-        Field("bias", 67, 1, doc="1: add the int32 at bias_offset of each partition"),
-        Field("shift", 72, 6, doc="rounding right shift, 0..63"),
+        Field("bias", 67, 1, doc="1: add the int32 (float path: FP32) at bias_offset of each "
+              "partition"),
+        Field("out_format", 68, 3, doc="0 int8, 7 int32 (integer path); 6 fp32, 1 bf16, "
+              "2 fp8e4m3, 3 fp8e5m2 (float path)"),
+        Field("shift", 72, 6, doc="rounding right shift, 0..63 (float path: 0)"),
         Field("n", 80, 16, doc="1..moving_max: vectors (free-axis elements)"),
-        Field("multiplier", 96, 32, signed=True, doc="signed"),
+        Field("multiplier", 96, 32, signed=True, doc="integer path: signed; float path: the "
+              "FP32 bits of the scale"),
         Field("src_offset", 128, 32, doc="SBUF byte offset (src = 1)"),
         Field("psum_bank", 160, 8, doc="< psum_banks (src = 0)"),
         Field("psum_entry", 168, 16, doc="psum_entry + n <= psum_bank_entries (src = 0)"),
-        Field("dst_offset", 192, 32, doc="SBUF byte offset; a multiple of 4 if out_int32"),
+        Field("dst_offset", 192, 32, doc="SBUF byte offset, a multiple of the output "
+              "element's bytes"),
         Field("bias_offset", 224, 32, doc="SBUF byte offset, a multiple of 4 (bias = 1)"),
     ),
 }

@@ -35,15 +35,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
-from opentrn import isa
+from opentrn import isa, numerics
 from opentrn.config import Config
 from opentrn.hdl.dma import _addr_bits
 
 __all__ = ["Kernel", "KernelError", "KernelRunError", "Program", "Tensor", "SbufTile",
            "PsumTile", "View", "Pattern", "golden_backend", "PROGRAM_ALIGN", "TENSOR_ALIGN",
-           "FUNCTIONS", "ENGINE_NAMES", "OUTPUT_FILL"]
+           "FUNCTIONS", "ENGINE_NAMES", "OUTPUT_FILL", "FORMAT_DTYPES", "format_of_dtype",
+           "mismatches", "same_bits"]
 
 #: Alignment of each instruction stream in the HBM image (an AXI4 4 KiB boundary).
 PROGRAM_ALIGN = 4096
@@ -61,7 +63,37 @@ _DMA, _TENSOR, _ACT = isa.Engine.DMA, isa.Engine.TENSOR, isa.Engine.ACTIVATION
 _SIZE_MAX = (1 << 16) - 1      # DMA n0, n1, n2 fields
 _PART_MAX = (1 << 8) - 1       # DMA partition and partition-step fields
 _SEM_MAX = (1 << 32) - 1       # semaphore values
-_DTYPES = {np.dtype(np.int8): 0, np.dtype(np.int32): 2}   # -> elem_log2
+#: The numpy dtype of each format's elements in HBM tensors (``ml_dtypes`` for the float
+#: formats below FP32).
+FORMAT_DTYPES = {
+    "int8": np.dtype(np.int8), "int32": np.dtype(np.int32),
+    "bf16": np.dtype(ml_dtypes.bfloat16), "fp8e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "fp8e5m2": np.dtype(ml_dtypes.float8_e5m2), "fp32": np.dtype(np.float32),
+}
+_DTYPE_FORMATS = {dtype: name for name, dtype in FORMAT_DTYPES.items()}
+_DTYPE_RULE = "must be one of " + ", ".join(d.name for d in FORMAT_DTYPES.values())
+
+
+def format_of_dtype(dtype):
+    """The format name (docs/numerics.md) of a numpy dtype of :data:`FORMAT_DTYPES`."""
+    return _DTYPE_FORMATS[np.dtype(dtype)]
+
+
+def same_bits(a, b):
+    """``a`` and ``b`` have the same shape, dtype and bytes: the equality bit-exact results
+    are held to (float ``==`` would fail on NaN and pass ``-0 == +0``)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def mismatches(a, b):
+    """Elements of ``a`` and ``b`` (same shape and dtype) whose bytes differ."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.size, b.size)
+    size = a.dtype.itemsize
+    return int(np.count_nonzero(np.any(a.view(np.uint8).reshape(-1, size)
+                                       != b.view(np.uint8).reshape(-1, size), axis=1)))
 
 
 class KernelError(ValueError):
@@ -93,7 +125,8 @@ def _align(value, alignment):
 
 @dataclass(frozen=True, eq=False)
 class Tensor:
-    """A 2-D row-major tensor in HBM (int8 or int32), an input (with data) or an output."""
+    """A 2-D row-major tensor in HBM (a dtype of :data:`FORMAT_DTYPES`), an input (with
+    data) or an output."""
     index: int
     name: str
     shape: tuple
@@ -449,9 +482,6 @@ class Kernel:
         if config.semaphores < len(isa.Engine):
             _fail("config.semaphores", config.semaphores,
                   f"must be at least {len(isa.Engine)}: one per engine")
-        if "int8" not in config.dtypes:
-            _fail("config.dtypes", ",".join(config.dtypes),
-                  "the kernel API covers the int8 path (dtypes must include int8)")
         if config.pe_cols > config.sbuf_partitions:
             _fail("config.pe_cols", config.pe_cols,
                   f"must be at most sbuf_partitions={config.sbuf_partitions} (one "
@@ -492,17 +522,19 @@ class Kernel:
         return tensor
 
     def input(self, name: str, array) -> Tensor:
-        """An input tensor in HBM holding ``array`` (2-D, int8 or int32)."""
+        """An input tensor in HBM holding ``array`` (2-D, a dtype of
+        :data:`FORMAT_DTYPES`)."""
         array = np.asarray(array)
         if array.ndim != 2 or 0 in array.shape:
             _fail(f"{name}.shape", array.shape, "must be 2-D and non-empty")
-        if array.dtype not in _DTYPES:
-            _fail(f"{name}.dtype", str(array.dtype), "must be int8 or int32")
+        if array.dtype not in _DTYPE_FORMATS:
+            _fail(f"{name}.dtype", str(array.dtype), _DTYPE_RULE)
         name = self._new_name(name)
         return self._new_tensor(name, tuple(array.shape), array.dtype, "input", array.copy())
 
     def output(self, name: str, shape, dtype) -> Tensor:
-        """An output tensor in HBM of ``shape`` (2-D) and ``dtype`` (int8 or int32)."""
+        """An output tensor in HBM of ``shape`` (2-D) and ``dtype`` (of
+        :data:`FORMAT_DTYPES`)."""
         try:
             shape = tuple(int(s) for s in shape)
         except TypeError:
@@ -512,9 +544,9 @@ class Kernel:
         try:
             dtype = np.dtype(dtype)
         except TypeError:
-            _fail(f"{name}.dtype", dtype, "must be int8 or int32")
-        if dtype not in _DTYPES:
-            _fail(f"{name}.dtype", str(dtype), "must be int8 or int32")
+            _fail(f"{name}.dtype", dtype, _DTYPE_RULE)
+        if dtype not in _DTYPE_FORMATS:
+            _fail(f"{name}.dtype", str(dtype), _DTYPE_RULE)
         name = self._new_name(name)
         return self._new_tensor(name, shape, dtype, "output")
 
@@ -687,8 +719,9 @@ class Kernel:
                                   partition=view.r0, pstep1=1)
             sides.append(pattern)
         row = src.row_bytes
-        # Whole int32 elements where either side has them, larger ones if n0 needs it.
-        elem = 4 if row % 4 == 0 and 4 in (src.unit_bytes, dst.unit_bytes) else 1
+        # Whole elements of the wider side (int32, bf16...), larger ones if n0 needs it.
+        unit = max(src.unit_bytes, dst.unit_bytes)
+        elem = unit if row % unit == 0 else 1
         while row // elem > _SIZE_MAX and elem < 8 and row % (2 * elem) == 0:
             elem *= 2
         if row // elem > _SIZE_MAX:
@@ -785,10 +818,35 @@ class Kernel:
 
     # -- tensor engine ----------------------------------------------------------------------
 
-    def load_stationary(self, view):
-        """Load the stationary tile ``S[k, m] = view[k, m]``: rows are partitions
-        ``0 .. rows-1`` (at most ``pe_rows``), columns bytes (at most ``pe_cols``)."""
+    def _tensor_format(self, dtype):
+        """The :class:`~opentrn.numerics.DataFormat` of a matmul ``dtype`` name, which the
+        build must implement."""
         cfg = self.config
+        names = [f.name for f in numerics.matmul_formats(cfg)
+                 if f.name in numerics.HARDWARE_TENSOR_FORMATS]
+        if dtype not in names:
+            _fail("dtype", dtype, f"must be one of this build's matmul formats: "
+                  f"{', '.join(names) or 'none'} (Config.dtypes={','.join(cfg.dtypes)})")
+        return numerics.data_format(dtype)
+
+    @staticmethod
+    def _columns(name, view, fmt):
+        """``(offset, columns)`` of an SBUF view of ``fmt`` elements: its bytes must be
+        whole, aligned elements."""
+        size = fmt.bytes
+        offset = view.base.offset + view.c0
+        if offset % size or view.cols % size:
+            _fail(f"{name} bytes", (offset, offset + view.cols), f"must be whole {fmt.name} "
+                  f"elements: an offset and a length that are multiples of {size}")
+        return offset, view.cols // size
+
+    def load_stationary(self, view, *, dtype: str = "int8"):
+        """Load the stationary tile ``S[k, m] = view[k, m]`` of ``dtype`` elements (a format
+        of the build: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``): rows are partitions
+        ``0 .. rows-1`` (at most ``pe_rows``), columns elements of ``dtype`` bytes each (at
+        most ``pe_cols``)."""
+        cfg = self.config
+        fmt = self._tensor_format(dtype)
         view = _as_view("view", view, (SbufTile,))
         self._check_live("view", view)
         if view.r0 != 0:
@@ -796,23 +854,25 @@ class Kernel:
                   "tile's row k is partition k)")
         if view.rows > cfg.pe_rows:
             _fail("view rows", view.rows, f"must be at most pe_rows={cfg.pe_rows}")
-        if view.cols > cfg.pe_cols:
-            _fail("view columns", view.cols, f"must be at most pe_cols={cfg.pe_cols}")
+        offset, cols = self._columns("view", view, fmt)
+        if cols > cfg.pe_cols:
+            _fail("view columns", cols, f"must be at most pe_cols={cfg.pe_cols}")
         if self._load_pending:
             raise KernelError("load_stationary: the previous stationary tile has not been "
                               "used by a matmul yet (the two weight banks require one)")
-        fields = {"sbuf_offset": view.base.offset + view.c0, "rows": view.rows,
-                  "cols": view.cols}
+        fields = {"sbuf_offset": offset, "rows": view.rows, "cols": cols,
+                  "format": fmt.code}
         self._emit(_TENSOR, isa.Opcode.LOAD_STATIONARY, fields,
                    [(self._key(view.base), False, self._rect(view))])
-        self._stationary = (view.rows, view.cols)
+        self._stationary = (view.rows, cols, fmt)
         self._load_pending = True
 
     def matmul(self, psum, moving, *, accumulate: bool = False):
         """``psum[m, j] (+)= sum_k S[k, m] * moving[k, j]`` with ``S`` the latest stationary
-        tile: ``moving`` has that tile's rows (partitions from 0) and ``n <= moving_max``
-        columns; ``psum`` (from partition 0) has ``n`` entries. Every PSUM partition is
-        written (those past the tile's columns get 0)."""
+        tile, whose format the moving elements have: ``moving`` has that tile's rows
+        (partitions from 0) and ``n <= moving_max`` columns; ``psum`` (from partition 0) has
+        ``n`` entries. Every PSUM partition is written (those past the tile's columns get
+        0); ``accumulate`` adds in int32 (int8) or FP32 (the float formats)."""
         cfg = self.config
         psum = _as_view("psum", psum, (PsumTile,))
         moving = _as_view("moving", moving, (SbufTile,))
@@ -820,11 +880,11 @@ class Kernel:
         self._check_live("moving", moving)
         if self._stationary is None:
             raise KernelError("matmul: no load_stationary before it")
-        rows, cols = self._stationary
+        rows, cols, fmt = self._stationary
         if moving.r0 != 0 or moving.rows != rows:
             _fail("moving rows", (moving.r0, moving.r1), f"must be partitions 0..{rows - 1}, "
                   f"the rows of the stationary tile")
-        n = moving.cols
+        offset, n = self._columns("moving", moving, fmt)
         if n > cfg.moving_max:
             _fail("moving columns", n, f"must be at most moving_max={cfg.moving_max}")
         if psum.r0 != 0:
@@ -833,9 +893,9 @@ class Kernel:
             _fail("psum entries", psum.cols, f"must equal the moving columns ({n})")
         if not isinstance(accumulate, bool | np.bool_):
             _fail("accumulate", accumulate, "must be a bool")
-        fields = {"sbuf_offset": moving.base.offset + moving.c0, "n": n,
+        fields = {"sbuf_offset": offset, "n": n,
                   "psum_bank": psum.base.bank, "psum_entry": psum.base.entry + psum.c0,
-                  "accumulate": int(accumulate)}
+                  "accumulate": int(accumulate), "format": fmt.code}
         self._emit(_TENSOR, isa.Opcode.MATMUL, fields, [
             (self._key(moving.base), False, self._rect(moving)),
             (self._key(psum.base), True, self._rect(psum, (0, cfg.pe_cols)))])
@@ -845,12 +905,18 @@ class Kernel:
     # -- activation engine ------------------------------------------------------------------
 
     def activation(self, dst, src, *, function: str = "identity", multiplier: int = 1,
-                   shift: int = 0, bias=None, out: str = "int8"):
-        """``dst[p, j] = saturate(f(round_half_even((src[p, j] * multiplier + bias[p]) /
-        2**shift)))`` for every lane ``p < pe_cols`` (views from partition 0): ``src`` a
-        PSUM view (accumulators) or an SBUF view (int8 bytes), ``bias`` an SBUF view of one
-        int32 (4 bytes) per partition, ``out`` ``"int8"`` or ``"int32"`` (``dst`` has ``n``
-        or ``4 n`` bytes)."""
+                   shift: int = 0, scale: float | None = None, bias=None, out: str = "int8"):
+        """One ``ACTIVATE`` over every lane ``p < pe_cols`` (views from partition 0), ``n``
+        results of ``out`` into ``dst`` (``n`` x its element bytes):
+
+        * integer path (``out`` ``"int8"`` or ``"int32"``): ``dst[p, j] =
+          saturate(f(round_half_even((src[p, j] * multiplier + bias[p]) / 2**shift)))``,
+          ``src`` a PSUM view (accumulators) or an SBUF view (int8 bytes), ``bias`` an SBUF
+          view of one int32 (4 bytes) per partition;
+        * float path (``out`` ``"fp32"`` or a float format of the build): ``dst[p, j] =
+          cast(f(src[p, j] * scale + bias[p]))`` in FP32 (docs/numerics.md), ``src`` a PSUM
+          view (FP32 accumulators), ``scale`` a float (rounded to FP32; default 1.0),
+          ``bias`` an SBUF view of one FP32 per partition."""
         cfg = self.config
         dst = _as_view("dst", dst, (SbufTile,))
         src = _as_view("src", src, (SbufTile, PsumTile))
@@ -858,10 +924,30 @@ class Kernel:
         self._check_live("src", src)
         if not isinstance(function, str) or function not in FUNCTIONS:
             _fail("function", function, f"must be one of {', '.join(FUNCTIONS)}")
-        if out not in ("int8", "int32"):
-            _fail("out", out, "must be 'int8' or 'int32'")
-        multiplier = _int("multiplier", multiplier, -(1 << 31), (1 << 31) - 1)
-        shift = _int("shift", shift, 0, 63)
+        outs = [f.name for f in numerics.activation_formats(cfg)]
+        if out not in outs:
+            _fail("out", out, f"must be one of this build's activation outputs: "
+                  f"{', '.join(outs)}")
+        fmt = numerics.data_format(out)
+        floating = fmt.element is not None
+        if floating:
+            if multiplier != 1 or shift != 0:
+                _fail("multiplier, shift", (multiplier, shift), f"the float path (out={out}) "
+                      "takes scale=, not an integer multiplier and shift")
+            scale = 1.0 if scale is None else scale
+            if isinstance(scale, bool) or not isinstance(scale, int | float | np.floating):
+                _fail("scale", scale, "must be a number")
+            if not isinstance(src.base, PsumTile):
+                _fail("src", src, f"must be a PSUM view for the float path (out={out}): the "
+                      "SBUF source is int8")
+            code = int(np.float32(scale).view(np.uint32))
+            multiplier = code - (1 << 32) if code >> 31 else code     # the s32 field
+        else:
+            if scale is not None:
+                _fail("scale", scale, f"is for the float path; out={out} takes multiplier "
+                      "and shift")
+            multiplier = _int("multiplier", multiplier, -(1 << 31), (1 << 31) - 1)
+            shift = _int("shift", shift, 0, 63)
         lanes = (0, cfg.pe_cols)
         for name, view in (("dst", dst), ("src", src)):
             if view.r0 != 0:
@@ -870,13 +956,13 @@ class Kernel:
         n = src.cols
         if n > cfg.moving_max:
             _fail("src columns", n, f"must be at most moving_max={cfg.moving_max}")
-        size = 4 if out == "int32" else 1
+        size = fmt.bytes
         if dst.cols != n * size:
             _fail("dst bytes", dst.cols, f"must be {n * size}: {n} results of {size} bytes")
         dst_offset = dst.base.offset + dst.c0
-        if size == 4 and dst_offset % 4:
-            _fail("dst offset", dst_offset, "must be a multiple of 4 for int32 results")
-        fields = {"function": FUNCTIONS[function], "out_int32": int(size == 4),
+        if dst_offset % size:
+            _fail("dst offset", dst_offset, f"must be a multiple of {size} for {out} results")
+        fields = {"function": FUNCTIONS[function], "out_format": fmt.code,
                   "shift": shift, "n": n, "multiplier": multiplier, "dst_offset": dst_offset}
         accesses = [(self._key(dst.base), True, self._rect(dst, lanes))]
         if isinstance(src.base, PsumTile):
@@ -884,7 +970,7 @@ class Kernel:
         else:
             src_offset = src.base.offset + src.c0
             disjoint = src_offset + n <= dst_offset or dst_offset + n * size <= src_offset
-            if not (disjoint or (src_offset == dst_offset and size == 1)):
+            if not (disjoint or (src_offset == dst_offset and out == "int8")):
                 _fail("dst", dst, "must not overlap src unless it is the same bytes with "
                       "int8 results")
             fields.update(src=1, src_offset=src_offset)
@@ -892,8 +978,9 @@ class Kernel:
         if bias is not None:
             bias = _as_view("bias", bias, (SbufTile,))
             self._check_live("bias", bias)
+            kind = "FP32" if floating else "int32"
             if bias.r0 != 0 or bias.cols != 4:
-                _fail("bias", bias, "must be 4 bytes (one int32) per partition, from "
+                _fail("bias", bias, f"must be 4 bytes (one {kind}) per partition, from "
                       "partition 0")
             bias_offset = bias.base.offset + bias.c0
             if bias_offset % 4:

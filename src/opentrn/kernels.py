@@ -1,7 +1,9 @@
 """Library kernels built with :mod:`opentrn.kernel`: tiled GEMM, GEMM + bias + relu with
-int8 requantisation, and a 2-layer MLP. Each returns ``(program, expected)``: the built
-:class:`~opentrn.kernel.Program` and ``{output name: array}`` computed independently in
-numpy int64 (never through the golden machine).
+int8 requantisation or a float cast, and a 2-layer MLP, in int8 or a float format (bf16,
+fp8e4m3, fp8e5m2: the dtype of the input arrays). Each returns ``(program, expected)``: the
+built :class:`~opentrn.kernel.Program` and ``{output name: array}`` computed independently
+in numpy (int64, or float32 in the hardware's order of operations: docs/numerics.md), never
+through the golden machine.
 
 Layout convention (NKI's ``nc_matmul``): ``out[M, N] = stationary[K, M].T @ moving[K, N]``;
 the SBUF partition axis is the contraction axis K (``pe_rows`` partitions per K tile) and
@@ -28,13 +30,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opentrn import numerics
 from opentrn.config import Config
-from opentrn.kernel import Kernel, KernelError, Pattern, Program, SbufTile, Tensor
+from opentrn.kernel import (
+    FORMAT_DTYPES,
+    Kernel,
+    KernelError,
+    Pattern,
+    Program,
+    SbufTile,
+    Tensor,
+    format_of_dtype,
+)
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
 MAX_M_BLOCK = 4
 
-__all__ = ["gemm", "gemm_bias_relu", "mlp", "reference_matmul", "reference_activation"]
+__all__ = ["gemm", "gemm_bias_relu", "mlp", "reference_matmul", "reference_activation",
+           "reference_matmul_float", "reference_activation_float", "MATMUL_DTYPES"]
+
+#: The input formats of the kernels.
+MATMUL_DTYPES = ("int8", "bf16", "fp8e4m3", "fp8e5m2")
 
 
 # -- numpy references (int64, independent of the golden machine) -----------------------------
@@ -67,6 +83,38 @@ def reference_activation(x, *, multiplier=1, shift=0, bias=None, relu=False, out
 # -- argument checks ----------------------------------------------------------------------------
 
 
+def reference_matmul_float(stationary, moving, *, kt_rows):
+    """``stationary.T @ moving`` (float arrays of one format) in float32, in the order the
+    hardware adds: per K tile of ``kt_rows`` rows ``acc = +0``, then ``acc + s[k] * m[k]``
+    row by row, then the tiles' sums into the result in K order (the PSUM accumulate)."""
+    s = np.asarray(stationary).astype(np.float32)
+    m = np.asarray(moving).astype(np.float32)
+    out = None
+    with np.errstate(all="ignore"):
+        for k0 in range(0, s.shape[0], kt_rows):
+            acc = np.zeros((s.shape[1], m.shape[1]), np.float32)
+            for k in range(k0, min(k0 + kt_rows, s.shape[0])):
+                acc = acc + s[k][:, None] * m[k][None, :]
+            out = acc if out is None else out + acc
+    return out
+
+
+def reference_activation_float(x, *, scale=1.0, bias=None, relu=False, out="fp32"):
+    """``cast(f(x * scale + bias[row]))`` in float32 with the hardware's rules
+    (docs/numerics.md): relu makes every negative value and -0 +0; NaN results are the
+    canonical NaN; the cast rounds as ``ml_dtypes``. An array of ``out``'s dtype."""
+    x = np.asarray(x, np.float32)
+    bias = np.zeros(x.shape[0], np.float32) if bias is None else np.asarray(bias, np.float32)
+    with np.errstate(all="ignore"):
+        y = x * np.float32(scale) + bias.reshape(-1, 1)
+    if relu:
+        y = np.where(np.signbit(y) & ~np.isnan(y), np.float32(0), y)
+    nan = np.uint32(numerics.CANONICAL_NAN32).view(np.float32)
+    y = np.where(np.isnan(y), nan, y).astype(np.float32)
+    with np.errstate(all="ignore"):
+        return y.astype(FORMAT_DTYPES[out])
+
+
 def _matrix(name, value, dtype, rows=None):
     array = np.asarray(value)
     if array.ndim != 2 or 0 in array.shape:
@@ -79,12 +127,39 @@ def _matrix(name, value, dtype, rows=None):
     return array
 
 
-def _vector(name, value, length):
+def _input_format(name, value):
+    """The format of an input matrix: its dtype must be one of :data:`MATMUL_DTYPES`'."""
+    dtype = np.asarray(value).dtype
+    allowed = [FORMAT_DTYPES[f].name for f in MATMUL_DTYPES]
+    if dtype.name not in allowed:
+        raise KernelError(f"{name}.dtype={dtype}: must be one of {', '.join(allowed)}")
+    return format_of_dtype(dtype)
+
+
+def _vector(name, value, length, dtype=np.int32):
     array = np.asarray(value)
-    if array.shape != (length,) or array.dtype != np.int32:
-        raise KernelError(f"{name}: {array.dtype} {array.shape}: must be int32 of shape "
-                          f"({length},), one value per output row")
+    if array.shape != (length,) or array.dtype != dtype:
+        raise KernelError(f"{name}: {array.dtype} {array.shape}: must be "
+                          f"{np.dtype(dtype).name} of shape ({length},), one value per output "
+                          "row")
     return array
+
+
+def _out_format(name, out, fmt):
+    """The output format of a kernel of input format ``fmt``: int8/int32 for int8, fp32 or
+    ``fmt`` for a float format."""
+    allowed = ("int8", "int32") if fmt == "int8" else ("fp32", fmt)
+    if out not in allowed:
+        raise KernelError(f"{name}={out!r}: must be one of {', '.join(allowed)} for {fmt} "
+                          "inputs")
+    return out
+
+
+def _scale(name, value):
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating) \
+            or not np.isfinite(value):
+        raise KernelError(f"{name}={value!r}: must be a finite number")
+    return float(value)
 
 
 def _requant(name, value):
@@ -106,19 +181,28 @@ def _requant(name, value):
 @dataclass
 class _Layer:
     """One ``out[M, N] = a[K, M].T @ moving[K, N]`` with its epilogue."""
-    a: Tensor                   # stationary, [K, M] int8 in HBM
+    a: Tensor                   # stationary, [K, M] in HBM
     K: int
     M: int
     kt_rows: int                # rows of a K tile
-    moving: Tensor | None       # [K, N] int8 in HBM, or None: ``resident`` holds it
+    moving: Tensor | None       # [K, N] in HBM, or None: ``resident`` holds it
     resident: list | None       # per block: the SBUF tile holding the moving block
     function: str
-    multiplier: int
-    shift: int
-    out: str                    # "int8" or "int32"
-    bias: SbufTile | None       # int32 at offset 4 * mt of partition p: bias[mt * P + p]
+    scaling: dict               # multiplier and shift, or scale (Kernel.activation)
+    out: str                    # the output format
+    bias: SbufTile | None       # 4 bytes (int32, FP32) at 4 * mt of partition p: bias[mt*P+p]
     dest: Tensor | list         # [M, N] in HBM, or per block the SBUF tile of the results
     P: int                      # rows of an M tile (pe_cols)
+    dtype: str = "int8"         # the input format
+
+    @property
+    def size(self):
+        """Bytes of one input element."""
+        return numerics.data_format(self.dtype).bytes
+
+    @property
+    def out_size(self):
+        return numerics.data_format(self.out).bytes
 
     @property
     def k_tiles(self):
@@ -148,11 +232,11 @@ class _Schedule:
     """Tiles, sizes and the emission of a list of layers over column blocks."""
 
     def __init__(self, kernel: Kernel, *, columns, k_tiles, m_tiles, moving_from_hbm,
-                 staging_out, fixed_bytes, resident_tiles):
+                 staging_out, fixed_bytes, resident_tiles, element=1):
         """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
-        ``staging_out``: result
-        bytes (1, 4) staged for HBM, 0 if none; ``fixed_bytes``: per-partition bytes of other
-        tiles; ``resident_tiles``: K tiles of moving data kept per block (MLP hidden), x 2."""
+        ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
+        per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
+        per block (MLP hidden), x 2; ``element``: bytes of an input element."""
         self.k = kernel
         cfg = kernel.config
         self.cfg = cfg
@@ -168,9 +252,11 @@ class _Schedule:
         budget = cfg.sbuf_bytes_per_partition
 
         def need(kts, w, mb=1):
-            return (2 * al(kts * mb * self.P) + (2 * al(kts * w) if moving_from_hbm else 0)
+            e = element
+            return (2 * al(kts * mb * self.P * e) + (2 * al(kts * w * e) if moving_from_hbm
+                                                     else 0)
                     + (2 * al(w * staging_out) if staging_out else 0)
-                    + (2 * al(resident_tiles * w) if resident_tiles else 0) + fixed_bytes)
+                    + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes)
 
         width = min(columns, self.banks_per_group * self.chunk)
         while True:
@@ -192,11 +278,13 @@ class _Schedule:
             while mb < min(m_tiles, MAX_M_BLOCK) and need(kts, width, mb + 1) <= budget:
                 mb += 1
         self.width, self.kts, self.m_block = width, kts, mb
-        self.a_stride = mb * self.P      # bytes of one K tile in a stationary slot
+        self.element = element
+        self.a_stride = mb * self.P * element    # bytes of one K tile in a stationary slot
+        self.b_stride = width * element          # bytes of one K tile in a moving slot
         self.blocks = [(n0, min(width, columns - n0)) for n0 in range(0, columns, width)]
         k = kernel
         self.a_slots = [k.sbuf(cfg.sbuf_partitions, kts * self.a_stride) for _ in range(2)]
-        self.b_slots = ([k.sbuf(cfg.sbuf_partitions, kts * width) for _ in range(2)]
+        self.b_slots = ([k.sbuf(cfg.sbuf_partitions, kts * self.b_stride) for _ in range(2)]
                         if moving_from_hbm else [])
         self.staging = ([k.sbuf(self.P, width * staging_out) for _ in range(2)]
                         if staging_out else [])
@@ -228,21 +316,22 @@ class _Schedule:
                 self._epilogue(step)
 
     def _rows_3d(self, tensor, r0, r1, c0, cols, tile, kt_bytes, R):
-        """DMA ``tensor[r0:r1, c0:c0+cols]`` (int8) into ``tile``: row ``r`` to partition
-        ``(r - r0) % R``, bytes ``((r - r0) // R) * kt_bytes + c``: one descriptor for the
+        """DMA ``tensor[r0:r1, c0:c0+cols]`` into ``tile``: row ``r`` to partition
+        ``(r - r0) % R``, bytes ``((r - r0) // R) * kt_bytes`` on: one descriptor for the
         full K tiles, one for a partial last one."""
         full = (r1 - r0) // R
-        rb = tensor.row_bytes
+        rb, e = tensor.row_bytes, tensor.itemsize
         if full:
             self.k.dma_pattern(Pattern(tile, offset=0, stride2=kt_bytes, pstep1=1),
-                               Pattern(tensor, offset=r0 * rb + c0, stride1=rb,
+                               Pattern(tensor, offset=r0 * rb + c0 * e, stride1=rb,
                                        stride2=R * rb),
-                               n0=cols, n1=R, n2=full)
+                               n0=cols, n1=R, n2=full, elem_bytes=e)
         rest = (r1 - r0) - full * R
         if rest:
             self.k.dma_pattern(Pattern(tile, offset=full * kt_bytes, pstep1=1),
-                               Pattern(tensor, offset=(r0 + full * R) * rb + c0, stride1=rb),
-                               n0=cols, n1=rest)
+                               Pattern(tensor, offset=(r0 + full * R) * rb + c0 * e,
+                                       stride1=rb),
+                               n0=cols, n1=rest, elem_bytes=e)
 
     def _prefetch(self, step):
         layer = step.layer
@@ -254,12 +343,13 @@ class _Schedule:
                 tile = self.b_slots[self.b_count % 2]
                 self.b_count += 1
                 self.b_key = key
-                self._rows_3d(layer.moving, r0, r1, step.n0, step.width, tile, self.width, R)
+                self._rows_3d(layer.moving, r0, r1, step.n0, step.width, tile, self.b_stride,
+                              R)
                 self.b_tile = tile
             step.moving = (self.b_tile, 0)
         else:
             step.moving = (layer.resident[step.block % len(layer.resident)],
-                           step.kt0 * self.width)
+                           step.kt0 * self.b_stride)
         mb = self.m_block
         key = (id(layer), step.block, step.mt // mb, step.kt0)
         if key != self.a_key:
@@ -269,7 +359,7 @@ class _Schedule:
             m0 = (step.mt // mb) * mb * self.P
             cols = min(mb * self.P, layer.M - m0)
             self._rows_3d(layer.a, r0, r1, m0, cols, self.a_tile, self.a_stride, R)
-        step.a_slot = (self.a_tile, (step.mt % mb) * self.P)
+        step.a_slot = (self.a_tile, (step.mt % mb) * self.P * self.element)
 
     def _chunks(self, width):
         return [(c0, min(self.chunk, width - c0)) for c0 in range(0, width, self.chunk)]
@@ -281,20 +371,21 @@ class _Schedule:
         group = self.psum[self.group_count % self.groups]
         tile, base = step.moving
         a_tile, a_offset = step.a_slot
+        e = layer.size
         for i, kt in enumerate(range(step.kt0, step.kt1)):
             rows = min(R, layer.K - kt * R)
             column = i * self.a_stride + a_offset
-            k.load_stationary(a_tile[0:rows, column:column + mrows])
-            offset = base + i * self.width
+            k.load_stationary(a_tile[0:rows, column:column + mrows * e], dtype=layer.dtype)
+            offset = base + i * self.b_stride
             for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
-                k.matmul(bank[:, 0:n], tile[0:rows, offset + c0:offset + c0 + n],
+                k.matmul(bank[:, 0:n], tile[0:rows, offset + c0 * e:offset + (c0 + n) * e],
                          accumulate=not (step.first and i == 0))
 
     def _epilogue(self, step):
         k, layer = self.k, step.layer
         group = self.psum[self.group_count % self.groups]
         self.group_count += 1
-        size = 4 if layer.out == "int32" else 1
+        size = layer.out_size
         m0 = step.mt * self.P
         mrows = min(self.P, layer.M - m0)
         bias = None if layer.bias is None else layer.bias[:, 4 * step.mt:4 * step.mt + 4]
@@ -304,17 +395,16 @@ class _Schedule:
             dst, offset = stage, 0
         else:
             dst = layer.dest[step.block % len(layer.dest)]
-            offset = step.mt * self.width
+            offset = step.mt * self.b_stride       # hidden tile mt is K tile mt of layer 2
         for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
             k.activation(dst[:, offset + c0 * size:offset + (c0 + n) * size], bank[:, 0:n],
-                         function=layer.function, multiplier=layer.multiplier,
-                         shift=layer.shift, bias=bias, out=layer.out)
+                         function=layer.function, bias=bias, out=layer.out, **layer.scaling)
         if isinstance(layer.dest, Tensor):
             k.dma(layer.dest[m0:m0 + mrows, step.n0:step.n0 + step.width],
                   stage[0:mrows, 0:step.width * size])
 
     def load_bias(self, tensor):
-        """A tile with ``tensor[mt * P + p, 0]`` (int32) at byte ``4 * mt`` of partition
+        """A tile with ``tensor[mt * P + p, 0]`` (int32 or FP32) at byte ``4 * mt`` of partition
         ``p``: one descriptor for the full M tiles, one for a partial last one."""
         k, P = self.k, self.P
         M = tensor.shape[0]
@@ -340,89 +430,142 @@ def _bias_bytes(cfg, rows):
 # -- the kernels ------------------------------------------------------------------------------
 
 
-def _gemm(config, a_t, b, *, name, bias=None, multiplier=1, shift=0, relu=False,
-          out="int32"):
-    a_t = _matrix("a_t", a_t, np.int8)
-    b = _matrix("b", b, np.int8, rows=("K rows of a_t", a_t.shape[0]))
+def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None):
+    fmt = _input_format("a_t", a_t)
+    a_t = _matrix("a_t", a_t, FORMAT_DTYPES[fmt])
+    b = _matrix("b", b, FORMAT_DTYPES[fmt], rows=("K rows of a_t", a_t.shape[0]))
+    floating = fmt != "int8"
+    out = _out_format("out", out or ("fp32" if floating else "int32"), fmt)
     K, M = a_t.shape
     N = b.shape[1]
     k = Kernel(config, name=name)
     A, B = k.input("a_t", a_t), k.input("b", b)
     bias_tensor = None
     if bias is not None:
-        bias = _vector("bias", bias, M)
+        bias = _vector("bias", bias, M, np.float32 if floating else np.int32)
         bias_tensor = k.input("bias", bias.reshape(M, 1))
     out_name = "c" if bias is None else "y"
-    C = k.output(out_name, (M, N), np.int32 if out == "int32" else np.int8)
-    size = 4 if out == "int32" else 1
+    C = k.output(out_name, (M, N), FORMAT_DTYPES[out])
+    size = numerics.data_format(out).bytes
     kt_rows = config.pe_rows
     sched = _Schedule(k, columns=N, k_tiles=-(-K // kt_rows), m_tiles=-(-M // config.pe_cols),
                       moving_from_hbm=True,
                       staging_out=size, resident_tiles=0,
-                      fixed_bytes=_bias_bytes(config, M) if bias is not None else 0)
+                      fixed_bytes=_bias_bytes(config, M) if bias is not None else 0,
+                      element=numerics.data_format(fmt).bytes)
     bias_tile = sched.load_bias(bias_tensor) if bias is not None else None
+    if scaling is None:
+        scaling = {"scale": 1.0} if floating else {"multiplier": 1, "shift": 0}
     layer = _Layer(a=A, K=K, M=M, kt_rows=kt_rows, moving=B, resident=None,
-                   function="relu" if relu else "identity", multiplier=multiplier,
-                   shift=shift, out=out, bias=bias_tile, dest=C, P=sched.P)
+                   function="relu" if relu else "identity", scaling=scaling, out=out,
+                   bias=bias_tile, dest=C, P=sched.P, dtype=fmt)
     sched.run(step for block in range(len(sched.blocks)) for step in sched.steps(layer, block))
-    acc = reference_matmul(config, a_t, b)
-    if bias is None:
-        expected = acc.astype(np.int32)
+    if floating:
+        acc = reference_matmul_float(a_t, b, kt_rows=kt_rows)
+        expected = reference_activation_float(acc, bias=bias, relu=relu, out=out, **scaling)
     else:
-        expected = reference_activation(acc, multiplier=multiplier, shift=shift, bias=bias,
-                                        relu=relu, out=out).astype(C.dtype)
+        acc = reference_matmul(config, a_t, b)
+        expected = (acc.astype(np.int32) if bias is None else
+                    reference_activation(acc, bias=bias, relu=relu, out=out,
+                                         **scaling).astype(C.dtype))
     return k.build(), {out_name: expected}
 
 
 def gemm(config: Config, a_t, b, *, name: str = "gemm") -> tuple[Program, dict]:
-    """``C[M, N] = A @ B`` (int32: the PSUM accumulators, ``acc_bits`` wrap-around) from
-    ``a_t = A.T`` ``[K, M]`` and ``b`` ``[K, N]``, both int8; any ``M, K, N >= 1``. Results
-    leave the PSUM through an identity ``ACTIVATE`` with int32 output (exact: multiplier 1,
-    shift 0) into an SBUF staging tile, then one DMA per M tile and column block.
-    Returns ``(program, {"c": expected})``."""
+    """``C[M, N] = A @ B`` from ``a_t = A.T`` ``[K, M]`` and ``b`` ``[K, N]``, both of one
+    format (int8, bf16, fp8e4m3 or fp8e5m2, the arrays' dtype); any ``M, K, N >= 1``.
+    ``C`` is int32 (the PSUM accumulators, ``acc_bits`` wrap-around) or float32 (FP32
+    accumulation, docs/numerics.md). Results leave the PSUM through an identity
+    ``ACTIVATE`` (int32 out: multiplier 1, shift 0; float: ``x * 1.0 + 0.0``, exact except
+    that it makes -0 +0) into an SBUF staging tile, then one DMA per M tile and column
+    block. Returns ``(program, {"c": expected})``."""
     return _gemm(config, a_t, b, name=name)
 
 
-def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int, shift: int,
+def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int | None = None,
+                   shift: int | None = None, scale: float | None = None, out: str | None = None,
                    name: str = "gemm_bias_relu") -> tuple[Program, dict]:
-    """``y[m, n] = sat8(relu(round_half_even((C[m, n] * multiplier + bias[m]) /
-    2**shift)))``, int8, with ``C = A @ B`` as :func:`gemm` and ``bias`` int32 ``[M]``:
-    exactly one ``ACTIVATE`` (relu, int8 output) per PSUM bank.
+    """GEMM + bias + relu with exactly one ``ACTIVATE`` per PSUM bank, ``C = A @ B`` as
+    :func:`gemm`:
+
+    * int8 inputs: ``y[m, n] = sat8(relu(round_half_even((C[m, n] * multiplier + bias[m])
+      / 2**shift)))``, ``bias`` int32 ``[M]``, ``multiplier`` and ``shift`` required;
+    * float inputs: ``y[m, n] = cast(relu(C[m, n] * scale + bias[m]))`` in FP32, ``bias``
+      float32 ``[M]``, ``scale`` (default 1.0), ``out`` the input format (default) or
+      ``"fp32"``.
+
     Returns ``(program, {"y": expected})``."""
-    multiplier, shift = _requant(None, (multiplier, shift))
-    return _gemm(config, a_t, b, name=name, bias=bias, multiplier=multiplier, shift=shift,
-                 relu=True, out="int8")
+    fmt = _input_format("a_t", a_t)
+    if fmt == "int8":
+        if scale is not None:
+            raise KernelError(f"scale={scale!r}: is for float inputs; int8 takes multiplier "
+                              "and shift")
+        if multiplier is None or shift is None:
+            raise KernelError(f"multiplier={multiplier!r}, shift={shift!r}: both are "
+                              "required for int8 inputs")
+        multiplier, shift = _requant(None, (multiplier, shift))
+        scaling = {"multiplier": multiplier, "shift": shift}
+        out = _out_format("out", out or "int8", fmt)
+    else:
+        if multiplier is not None or shift is not None:
+            raise KernelError(f"multiplier={multiplier!r}, shift={shift!r}: are for int8 "
+                              f"inputs; {fmt} takes scale")
+        scaling = {"scale": _scale("scale", 1.0 if scale is None else scale)}
+        out = _out_format("out", out or fmt, fmt)
+    return _gemm(config, a_t, b, name=name, bias=bias, scaling=scaling, relu=True, out=out)
 
 
-def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant, out: str = "int8",
-        name: str = "mlp") -> tuple[Program, dict]:
+def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
+        out: str | None = None, name: str = "mlp") -> tuple[Program, dict]:
     """A 2-layer MLP in feature-major layout (features on the partitions):
 
-    * ``h_t[hidden, batch] = sat8(relu(rhe(((w1.T @ x_t) * m1 + b1) / 2**s1)))``, kept in the
-      SBUF as the moving data of layer 2 (one K tile per PSUM M tile: ``pe_cols`` rows);
-    * ``out_t[d_out, batch] = sat(rhe(((w2.T @ h_t) * m2 + b2) / 2**s2))``, int8 or int32
-      (``out``), written to HBM.
+    * ``h_t[hidden, batch] = act1(relu(w1.T @ x_t, b1))``, kept in the SBUF in the input
+      format as the moving data of layer 2 (one K tile per PSUM M tile: ``pe_cols`` rows);
+    * ``out_t[d_out, batch] = act2(w2.T @ h_t, b2)``, written to HBM.
 
-    ``x_t`` ``[d_in, batch]``, ``w1`` ``[d_in, hidden]``, ``w2`` ``[hidden, d_out]`` int8;
-    ``b1`` ``[hidden]``, ``b2`` ``[d_out]`` int32; ``requant = ((m1, s1), (m2, s2))``. The
-    batch is processed in column blocks; each block's hidden activations stay in the SBUF
-    (double-buffered across blocks). Returns ``(program, {"out_t": expected})``."""
-    x_t = _matrix("x_t", x_t, np.int8)
-    w1 = _matrix("w1", w1, np.int8, rows=("d_in rows of x_t", x_t.shape[0]))
-    w2 = _matrix("w2", w2, np.int8, rows=("hidden columns of w1", w1.shape[1]))
+    ``x_t`` ``[d_in, batch]``, ``w1`` ``[d_in, hidden]``, ``w2`` ``[hidden, d_out]`` of one
+    format. int8: ``act(x, b) = sat(rhe((x * m + b) / 2**s))`` with
+    ``requant = ((m1, s1), (m2, s2))``, ``b1``/``b2`` int32, ``out`` int8 (default) or int32.
+    Float formats: ``act(x, b) = cast(x * scale + b)`` in FP32 with ``scales = (scale1,
+    scale2)`` (default (1.0, 1.0)), ``b1``/``b2`` float32, ``out`` the input format
+    (default) or fp32. The batch is processed in column blocks; each block's hidden
+    activations stay in the SBUF (double-buffered across blocks). Returns
+    ``(program, {"out_t": expected})``."""
+    fmt = _input_format("x_t", x_t)
+    dtype = FORMAT_DTYPES[fmt]
+    floating = fmt != "int8"
+    x_t = _matrix("x_t", x_t, dtype)
+    w1 = _matrix("w1", w1, dtype, rows=("d_in rows of x_t", x_t.shape[0]))
+    w2 = _matrix("w2", w2, dtype, rows=("hidden columns of w1", w1.shape[1]))
     d_in, batch = x_t.shape
     hidden, d_out = w1.shape[1], w2.shape[1]
-    b1 = _vector("b1", b1, hidden)
-    b2 = _vector("b2", b2, d_out)
-    try:
-        (m1, s1), (m2, s2) = requant
-    except (TypeError, ValueError):
-        raise KernelError(f"requant={requant!r}: must be ((multiplier, shift), (multiplier, "
-                          "shift)), one pair per layer") from None
-    m1, s1 = _requant("requant[0]", (m1, s1))
-    m2, s2 = _requant("requant[1]", (m2, s2))
-    if out not in ("int8", "int32"):
-        raise KernelError(f"out={out!r}: must be 'int8' or 'int32'")
+    bias_dtype = np.float32 if floating else np.int32
+    b1 = _vector("b1", b1, hidden, bias_dtype)
+    b2 = _vector("b2", b2, d_out, bias_dtype)
+    if floating:
+        if requant is not None:
+            raise KernelError(f"requant={requant!r}: is for int8 inputs; {fmt} takes scales")
+        try:
+            scale1, scale2 = (1.0, 1.0) if scales is None else scales
+        except (TypeError, ValueError):
+            raise KernelError(f"scales={scales!r}: must be (scale1, scale2), one per "
+                              "layer") from None
+        scaling1 = {"scale": _scale("scales[0]", scale1)}
+        scaling2 = {"scale": _scale("scales[1]", scale2)}
+        out = _out_format("out", out or fmt, fmt)
+    else:
+        if scales is not None:
+            raise KernelError(f"scales={scales!r}: are for float inputs; int8 takes requant")
+        try:
+            (m1, s1), (m2, s2) = requant
+        except (TypeError, ValueError):
+            raise KernelError(f"requant={requant!r}: must be ((multiplier, shift), "
+                              "(multiplier, shift)), one pair per layer") from None
+        m1, s1 = _requant("requant[0]", (m1, s1))
+        m2, s2 = _requant("requant[1]", (m2, s2))
+        scaling1 = {"multiplier": m1, "shift": s1}
+        scaling2 = {"multiplier": m2, "shift": s2}
+        out = _out_format("out", out or "int8", fmt)
     cfg = config
     P = cfg.pe_cols
     if P > cfg.pe_rows:
@@ -431,26 +574,35 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant, out: str = "int8",
     k = Kernel(cfg, name=name)
     X, W1, W2 = k.input("x_t", x_t), k.input("w1", w1), k.input("w2", w2)
     B1, B2 = k.input("b1", b1.reshape(hidden, 1)), k.input("b2", b2.reshape(d_out, 1))
-    size = 4 if out == "int32" else 1
-    OUT = k.output("out_t", (d_out, batch), np.int32 if out == "int32" else np.int8)
+    size = numerics.data_format(out).bytes
+    OUT = k.output("out_t", (d_out, batch), FORMAT_DTYPES[out])
     hidden_tiles = -(-hidden // P)
+    element = numerics.data_format(fmt).bytes
     sched = _Schedule(k, columns=batch,
                       k_tiles=max(-(-d_in // cfg.pe_rows), hidden_tiles),
                       m_tiles=max(hidden_tiles, -(-d_out // P)),
                       moving_from_hbm=True, staging_out=size, resident_tiles=hidden_tiles,
-                      fixed_bytes=_bias_bytes(cfg, hidden) + _bias_bytes(cfg, d_out))
+                      fixed_bytes=_bias_bytes(cfg, hidden) + _bias_bytes(cfg, d_out),
+                      element=element)
     bias1, bias2 = sched.load_bias(B1), sched.load_bias(B2)
-    h_tiles = [k.sbuf(cfg.sbuf_partitions, hidden_tiles * sched.width) for _ in range(2)]
+    h_tiles = [k.sbuf(cfg.sbuf_partitions, hidden_tiles * sched.b_stride) for _ in range(2)]
+    hidden_format = fmt if floating else "int8"
     layer1 = _Layer(a=W1, K=d_in, M=hidden, kt_rows=cfg.pe_rows, moving=X, resident=None,
-                    function="relu", multiplier=m1, shift=s1, out="int8", bias=bias1,
-                    dest=h_tiles, P=P)
+                    function="relu", scaling=scaling1, out=hidden_format, bias=bias1,
+                    dest=h_tiles, P=P, dtype=fmt)
     layer2 = _Layer(a=W2, K=hidden, M=d_out, kt_rows=P, moving=None, resident=h_tiles,
-                    function="identity", multiplier=m2, shift=s2, out=out, bias=bias2,
-                    dest=OUT, P=P)
+                    function="identity", scaling=scaling2, out=out, bias=bias2,
+                    dest=OUT, P=P, dtype=fmt)
     sched.run(step for block in range(len(sched.blocks))
               for layer in (layer1, layer2) for step in sched.steps(layer, block))
-    h = reference_activation(reference_matmul(cfg, w1, x_t), multiplier=m1, shift=s1,
-                             bias=b1, relu=True, out="int8")
-    y = reference_activation(reference_matmul(cfg, w2, h), multiplier=m2, shift=s2, bias=b2,
-                             relu=False, out=out)
-    return k.build(), {"out_t": y.astype(OUT.dtype)}
+    if floating:
+        h = reference_activation_float(reference_matmul_float(w1, x_t, kt_rows=cfg.pe_rows),
+                                       bias=b1, relu=True, out=fmt, **scaling1)
+        y = reference_activation_float(reference_matmul_float(w2, h, kt_rows=P), bias=b2,
+                                       out=out, **scaling2)
+    else:
+        h = reference_activation(reference_matmul(cfg, w1, x_t), bias=b1, relu=True,
+                                 out="int8", **scaling1)
+        y = reference_activation(reference_matmul(cfg, w2, h), bias=b2, relu=False, out=out,
+                                 **scaling2).astype(OUT.dtype)
+    return k.build(), {"out_t": y}

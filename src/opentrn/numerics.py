@@ -159,11 +159,45 @@ assert max(f.code for f in DATA_FORMATS.values()) < 1 << FORMAT_CODE_BITS
 TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
 
 
+#: The tensor formats the hardware implements; the MX formats are modelled (golden) only.
+HARDWARE_TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2")
+
+
+def matmul_formats(config):
+    """The :class:`DataFormat` s a ``MATMUL``/``LOAD_STATIONARY`` of a build for ``config`` may
+    name: its ``dtypes``, in code order. Any other code is ``ILLEGAL_OPCODE``."""
+    return tuple(sorted((DATA_FORMATS[name] for name in config.dtypes), key=lambda f: f.code))
+
+
+def float_formats(config):
+    """The floating-point input formats of ``config`` (names, in code order)."""
+    return tuple(f.name for f in matmul_formats(config) if f.element is not None)
+
+
+def activation_formats(config):
+    """The output formats an ``ACTIVATE`` of a build for ``config`` may name, in code order:
+    ``int8`` and ``int32`` (the integer path); with any float input format, also ``fp32``
+    and the float input formats that are not MX (the float path)."""
+    names = ["int8", "int32"]
+    floats = [name for name in float_formats(config) if not DATA_FORMATS[name].mx]
+    if floats:
+        names += ["fp32", *floats]
+    return tuple(sorted((DATA_FORMATS[name] for name in names), key=lambda f: f.code))
+
+
 def data_format(name):
     """The :class:`DataFormat` called ``name``."""
     if name not in DATA_FORMATS:
         raise ValueError(f"format={name!r}: must be one of {', '.join(DATA_FORMATS)}")
     return DATA_FORMATS[name]
+
+
+def format_of_code(code):
+    """The :class:`DataFormat` whose code is ``code``."""
+    for fmt in DATA_FORMATS.values():
+        if fmt.code == code:
+            return fmt
+    raise ValueError(f"format code {code}: not a format code")
 
 
 def bit_length(values):
