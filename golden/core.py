@@ -182,11 +182,28 @@ class _Machine:
 
     def _element_bytes(self, f):
         """Bytes of one element of the instruction's ``format``; ``ILLEGAL_OPCODE`` for a
-        format the build lacks."""
+        format the build lacks (the MX formats are in no hardware build yet, but a
+        configuration for the golden machine may have them)."""
         codes = {fmt.code: fmt for fmt in numerics.matmul_formats(self.config)}
-        _require(f["format"] in codes and codes[f["format"]].name in
-                 numerics.HARDWARE_TENSOR_FORMATS, isa.Fault.ILLEGAL_OPCODE)
+        _require(f["format"] in codes, isa.Fault.ILLEGAL_OPCODE)
         return codes[f["format"]].bytes
+
+    def _check_scales(self, f, count):
+        """An MX instruction's scales (``count`` bytes from ``scale_offset``) lie in the
+        SBUF, else ``OUT_OF_RANGE``."""
+        if numerics.format_of_code(f["format"]).mx:
+            _require(f["scale_offset"] + count <= self.config.sbuf_bytes_per_partition,
+                     isa.Fault.OUT_OF_RANGE)
+
+    def _scales(self, rows, offset, count):
+        """The E8M0 scales of ``count`` columns of a tile of ``rows`` rows: ``[blocks,
+        count]`` for the ``ceil(pe_rows / 32)`` blocks of 32 rows, block ``b``'s from SBUF
+        partition ``b`` at ``offset``; blocks past ``rows`` get 127 (``2**0``)."""
+        blocks = -(-self.config.pe_rows // numerics.MX_BLOCK)
+        used = -(-rows // numerics.MX_BLOCK)
+        scales = np.full((blocks, count), 127, np.int64)
+        scales[:used] = self.images.sbuf[:used, offset:offset + count]
+        return scales
 
     def _check_load(self, f):
         cfg = self.config
@@ -197,6 +214,7 @@ class _Machine:
         _require(f["sbuf_offset"] % size == 0, isa.Fault.BAD_FIELD)
         _require(f["sbuf_offset"] + f["cols"] * size <= cfg.sbuf_bytes_per_partition,
                  isa.Fault.OUT_OF_RANGE)
+        self._check_scales(f, f["cols"])
 
     def _elements(self, rows, offset, count, fmt):
         """``count`` elements of ``fmt`` from byte ``offset`` of SBUF partitions ``< rows``:
@@ -215,6 +233,10 @@ class _Machine:
         tile[:rows, :cols] = self._elements(rows, offset, cols, fmt)
         self.stationary, self.tile, self.load_pending = tile, (rows, cols), True
         self.tile_format = fmt
+        if fmt.mx:
+            self.tile_scales = np.full((-(-cfg.pe_rows // numerics.MX_BLOCK), cfg.pe_cols), 127,
+                                       np.int64)
+            self.tile_scales[:, :cols] = self._scales(rows, f["scale_offset"], cols)
 
     def _check_matmul(self, f):
         cfg = self.config
@@ -227,6 +249,7 @@ class _Machine:
                  and f["psum_bank"] < cfg.psum_banks
                  and f["psum_entry"] + f["n"] <= cfg.psum_bank_entries,
                  isa.Fault.OUT_OF_RANGE)
+        self._check_scales(f, f["n"])
 
     def _matmul(self, f):
         cfg = self.config
@@ -244,7 +267,11 @@ class _Machine:
                 out = wrap(self._psum_read(bank, entry, n) + out, cfg.acc_bits)
         else:
             # FP32 codes, summed down the column, then into the PSUM (docs/numerics.md).
-            out = tensor_engine.matmul_float(self.stationary, moving, fmt.name)
+            scales = {}
+            if fmt.mx:
+                scales = {"scale_stationary": self.tile_scales,
+                          "scale_moving": self._scales(rows, f["scale_offset"], n)}
+            out = tensor_engine.matmul_float(self.stationary, moving, fmt.name, **scales)
             out[cols:] = 0
             if f["accumulate"]:
                 psum = self._psum_read(bank, entry, n) & 0xFFFF_FFFF

@@ -16,6 +16,20 @@ SIM_BUILDS = {
 }
 
 
+def simulators_for(build):
+    """The simulators a block testbench runs a build on: builds named like ``tiny``
+    (``tiny``, ``sbuf-tiny``: every format the hardware has) on both, the other builds
+    (sizes and widths, which do not depend on the simulator) on Icarus only, which needs no
+    C++ build: the suite's time budget cannot hold a Verilator build of each."""
+    return runner.SIMULATORS if build == "tiny" or build.endswith("-tiny") else ("icarus",)
+
+
+def sim_runs(builds):
+    """``pytest.param(build, sim)`` of each build with :func:`simulators_for` it."""
+    return [pytest.param(build, sim, id=f"{build}-{sim}")
+            for build in builds for sim in simulators_for(build)]
+
+
 def require_simulator(sim):
     """Skip a test when ``sim`` cannot run here, with the reason; in CI, fail instead:
     CI must run both simulators."""

@@ -407,6 +407,28 @@ def test_an_int8_build_refuses_the_float_formats(engine, instruction):
                                                            BASES[engine])
 
 
+@pytest.mark.parametrize("stream, fault", [
+    ([enc(Op.LOAD_STATIONARY, rows=K, cols=M, format=4, scale_offset=B - M + 1)],
+     Fault.OUT_OF_RANGE),
+    ([enc(Op.LOAD_STATIONARY, rows=K, cols=M, format=4, scale_offset=B - M),
+      enc(Op.MATMUL, n=2, format=4, scale_offset=B - 1)], Fault.OUT_OF_RANGE),
+    ([enc(Op.LOAD_STATIONARY, rows=K, cols=M, format=4),
+      enc(Op.MATMUL, n=1, format=5)], Fault.BAD_FIELD),
+    ([enc(Op.LOAD_STATIONARY, rows=K, cols=M, format=4, scale_offset=B - M),
+      enc(Op.MATMUL, n=2, format=4, scale_offset=B - 2), END], Fault.NONE),
+], ids=["load-scales-past-the-sbuf", "matmul-scales-past-the-sbuf", "mx-format-differs",
+        "scales-end-at-the-sbuf-end"])
+def test_mx_scale_rules(stream, fault):
+    """A configuration with the MX formats (golden machine only): their scales must lie in
+    the SBUF."""
+    cfg = TINY.replace(dtypes=TINY.dtypes + ("mxfp8e4m3", "mxfp8e5m2"))
+    outcome = _run([[END], stream if fault == Fault.NONE else stream + [END], [END]], cfg=cfg)
+    assert outcome.fault == fault
+    if fault != Fault.NONE:
+        assert (outcome.engine, outcome.pc) == (Engine.TENSOR,
+                                                BASES[1] + 32 * (len(stream) - 1))
+
+
 def test_rules_admit_their_limits():
     """Accesses that end exactly at their buffer's end, adjacent source and destination, and
     the fields that the other source ignores, all pass their checks."""

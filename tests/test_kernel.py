@@ -440,6 +440,99 @@ def test_nothing_outside_the_tile_contributes_in_float():
     _check_golden(program, expected)
 
 
+MX_FORMATS = ("mxfp8e4m3", "mxfp8e5m2")
+
+
+def _mx_config(base):
+    """``base`` with the MX formats: a golden-machine configuration (no hardware build has
+    them yet)."""
+    cfg = config.preset(base)
+    dtypes = tuple(dict.fromkeys(("int8", *cfg.dtypes, *MX_FORMATS)))
+    return cfg.replace(dtypes=dtypes, hbm_bytes=min(cfg.hbm_bytes, 1 << 24))
+
+
+def _mx_reference(a, b, sa, sb):
+    """The MX matmul with a plain loop (docs/numerics.md): per output ``+0``, then for each
+    k the exact product times ``2**(sa + sb - 254)`` (NaN when a scale is 255), rounded
+    once to float32, added in float32."""
+    K, M = a.shape
+    N = b.shape[1]
+    out = np.zeros((M, N), np.float32)
+    with np.errstate(all="ignore"):
+        for m in range(M):
+            for n in range(N):
+                acc = np.float32(0)
+                for k in range(K):
+                    s1, s2 = int(sa[k // 32, m]), int(sb[k // 32, n])
+                    scale = np.nan if 255 in (s1, s2) else 2.0 ** (s1 + s2 - 254)
+                    acc = np.float32(acc + np.float32(np.float64(a[k, m]) * np.float64(b[k, n])
+                                                      * scale))
+                out[m, n] = acc
+    return out
+
+
+def mx_matmul_kernel(cfg, fmt, K, M, N, rng):
+    """A hand-written MX matmul (scales of extreme, NaN and ordinary values):
+    ``(program, expected)``."""
+    element = FORMAT_DTYPES[numerics.data_format(fmt).element.name]
+    blocks = -(-K // 32)
+    a = float_inputs(rng, (K, M), numerics.data_format(fmt).element.name, specials=False)
+    b = float_inputs(rng, (K, N), numerics.data_format(fmt).element.name, specials=False)
+    assert a.dtype == element
+    sa = rng.integers(117, 138, (blocks, M)).astype(np.uint8)
+    sb = rng.integers(117, 138, (blocks, N)).astype(np.uint8)
+    sa[0, 0] = 255                         # E8M0 NaN: column 0 of the result is NaN
+    sa[-1, 1], sb[-1, N - 1] = 254, 254     # 2**254: the products overflow
+    sa[0, 2], sb[0, 1] = 0, 0               # 2**-254 and 2**-127: subnormal or zero
+    k = Kernel(cfg, name="mx_matmul")
+    A, B = k.input("a", a), k.input("b", b)
+    SA, SB = k.input("sa", sa), k.input("sb", sb)
+    C = k.output("c", (M, N), np.float32)
+    ta, tb, tsa, tsb = k.sbuf(K, M), k.sbuf(K, N), k.sbuf(blocks, M), k.sbuf(blocks, N)
+    tc, acc = k.sbuf(M, 4 * N), k.psum(N)
+    for tile, tensor in ((ta, A), (tb, B), (tsa, SA), (tsb, SB)):
+        k.dma(tile, tensor)
+    k.load_stationary(ta, dtype=fmt, scales=tsa)
+    k.matmul(acc[:, 0:N], tb, scales=tsb)
+    k.activation(tc, acc[:, 0:N], out="fp32")
+    k.dma(C, tc)
+    expected = kernels.reference_activation_float(_mx_reference(a, b, sa, sb), out="fp32")
+    return k.build(), {"c": expected}
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("base, K, M", [("tiny", 4, 4), ("trn3", 100, 5)],
+                         ids=["tiny-one-block", "trn3-four-blocks"])
+def test_mx_matmul_on_the_golden_machine(fmt, base, K, M):
+    """The MX formats through the golden ISA machine (the hardware does not build them
+    yet): E8M0 scales per block of 32 rows, from SBUF partition b for block b; on trn3's
+    128-row array K = 100 takes three full blocks and a partial one."""
+    cfg = _mx_config(base)
+    program, expected = mx_matmul_kernel(cfg, fmt, K, M, 7, np.random.default_rng(K))
+    c = expected["c"]
+    assert np.isnan(c[0]).all() and not np.isfinite(c[1, 6])
+    _check_golden(program, expected)
+
+
+def test_mx_kernel_errors():
+    cfg = _mx_config("tiny")
+    k = Kernel(cfg)
+    tile, scales, psum = k.sbuf(4, 16), k.sbuf(1, 16), k.psum(4)
+    with pytest.raises(KernelError, match=r"scales=None: are required for mxfp8e4m3"):
+        k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3")
+    with pytest.raises(KernelError, match=r"must be partitions 0..0 \(one per block of 32 "
+                                          r"rows\) x 4 bytes"):
+        k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3", scales=scales[:, 0:3])
+    with pytest.raises(KernelError, match=r"are for the MX formats, not fp8e4m3"):
+        k.load_stationary(tile[:, 0:4], dtype="fp8e4m3", scales=scales[:, 0:4])
+    k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3", scales=scales[:, 0:4])
+    with pytest.raises(KernelError, match=r"scales=None: are required for mxfp8e4m3"):
+        k.matmul(psum, tile[:, 4:8])
+    with pytest.raises(KernelError, match=r"dtype='mxfp8e4m3': must be one of this build's "
+                                          r"matmul formats: int8, bf16, fp8e4m3, fp8e5m2 "):
+        Kernel(TINY).load_stationary(Kernel(TINY).sbuf(4, 4), dtype="mxfp8e4m3")
+
+
 def test_float_kernel_errors():
     rng = np.random.default_rng(1)
     bf = float_inputs(rng, (4, 3), "bf16")

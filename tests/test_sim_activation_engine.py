@@ -22,7 +22,7 @@ from opentrn.sim.tb_activation_engine import (
     random_operations,
 )
 
-from .conftest import SIM_BUILDS, require_simulator
+from .conftest import SIM_BUILDS, require_simulator, sim_runs
 
 VECTORS = 2000
 BP_VECTORS = 600
@@ -38,8 +38,7 @@ FLOAT_CLASSES = ("nan_inputs", "inf_inputs", "subnormal_inputs", "negative_zero_
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("build", list(SIM_BUILDS))
+@pytest.mark.parametrize("build, sim", sim_runs(SIM_BUILDS))
 def test_activation_engine(sim, build):
     require_simulator(sim)
     cfg = SIM_BUILDS[build]

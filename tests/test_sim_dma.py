@@ -12,7 +12,7 @@ from opentrn import config
 from opentrn.hdl.dma import ErrorCode
 from opentrn.sim import runner
 
-from .conftest import require_simulator
+from .conftest import require_simulator, simulators_for
 
 #: Random descriptors per test, by simulator. The DMA's behaviour does not depend on the
 #: simulator; Icarus, several times slower on this testbench, runs half as many, which still
@@ -21,9 +21,10 @@ CASES = {"verilator": 300, "icarus": 150}
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("top, preset", [("dma", "tiny"), ("dma", "small"),
-                                         ("memory_system", "tiny")])
+@pytest.mark.parametrize("top, preset, sim", [
+    pytest.param(top, preset, sim, id=f"{top}-{preset}-{sim}")
+    for top, preset in (("dma", "tiny"), ("dma", "small"), ("memory_system", "tiny"))
+    for sim in simulators_for(preset)])
 def test_dma(sim, top, preset):
     require_simulator(sim)
     result = runner.run(config.preset(preset), "opentrn.sim.tb_dma", top, sim,

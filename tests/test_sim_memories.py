@@ -8,7 +8,7 @@ import pytest
 from opentrn import config, numerics
 from opentrn.sim import runner
 
-from .conftest import require_simulator
+from .conftest import require_simulator, sim_runs
 
 OPS = 3000
 BUILDS = {
@@ -35,8 +35,7 @@ def _run(sim, build):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("sbuf")])
+@pytest.mark.parametrize("build, sim", sim_runs(b for b in BUILDS if b.startswith("sbuf")))
 def test_sbuf(sim, build):
     _, records = _run(sim, build)
     assert set(records) == {"random_mix", "saturated"}
@@ -52,8 +51,7 @@ def test_sbuf(sim, build):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("psum")])
+@pytest.mark.parametrize("build, sim", sim_runs(b for b in BUILDS if b.startswith("psum")))
 def test_psum(sim, build):
     cfg, records = _run(sim, build)
     floats = bool(numerics.float_formats(cfg))

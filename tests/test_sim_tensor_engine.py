@@ -12,14 +12,13 @@ from opentrn.golden import tensor_engine as golden
 from opentrn.sim import runner, wave
 from opentrn.sim.tb_tensor_engine import directed_program
 
-from .conftest import SIM_BUILDS, require_simulator
+from .conftest import SIM_BUILDS, require_simulator, sim_runs
 
 CASES_PER_RANDOM_TEST = 100
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("sim", runner.SIMULATORS)
-@pytest.mark.parametrize("build", list(SIM_BUILDS))
+@pytest.mark.parametrize("build, sim", sim_runs(SIM_BUILDS))
 def test_tensor_engine(sim, build, tmp_path):
     require_simulator(sim)
     cfg = SIM_BUILDS[build]

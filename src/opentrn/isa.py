@@ -123,7 +123,9 @@ FORMATS = {
         Field("rows", 96, 16, doc="1..pe_rows: rows (partitions) loaded; the rest are 0"),
         Field("cols", 112, 16, doc="1..pe_cols: columns loaded; the rest are 0"),
         Field("format", 128, 3, doc="element format (docs/numerics.md): 0 int8, 1 bf16, "
-              "2 fp8e4m3, 3 fp8e5m2; one of Config.dtypes"),
+              "2 fp8e4m3, 3 fp8e5m2, 4 mxfp8e4m3, 5 mxfp8e5m2; one of Config.dtypes"),
+        Field("scale_offset", 160, 32, doc="MX formats: byte offset of the E8M0 scales, "
+              "column m's for rows 32b..32b+31 in partition b"),
     ),
     Opcode.MATMUL: (
         Field("sbuf_offset", 64, 32, doc="byte offset of moving column 0 in every partition"),
@@ -133,6 +135,8 @@ FORMATS = {
         Field("accumulate", 136, 1, doc="1: add to PSUM (int32 or FP32 by format); "
               "0: overwrite"),
         Field("format", 137, 3, doc="element format, that of the stationary tile"),
+        Field("scale_offset", 160, 32, doc="MX formats: byte offset of the E8M0 scales, "
+              "column j's for rows 32b..32b+31 in partition b"),
     ),
     Opcode.ACTIVATE: (
         Field("src", 64, 1, doc="0: PSUM (bank, entry); 1: SBUF int8 at src_offset "

@@ -69,6 +69,7 @@ FORMAT_DTYPES = {
     "int8": np.dtype(np.int8), "int32": np.dtype(np.int32),
     "bf16": np.dtype(ml_dtypes.bfloat16), "fp8e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
     "fp8e5m2": np.dtype(ml_dtypes.float8_e5m2), "fp32": np.dtype(np.float32),
+    "e8m0": np.dtype(np.uint8),     # the MX formats' block scales (docs/numerics.md)
 }
 _DTYPE_FORMATS = {dtype: name for name, dtype in FORMAT_DTYPES.items()}
 _DTYPE_RULE = "must be one of " + ", ".join(d.name for d in FORMAT_DTYPES.values())
@@ -822,8 +823,7 @@ class Kernel:
         """The :class:`~opentrn.numerics.DataFormat` of a matmul ``dtype`` name, which the
         build must implement."""
         cfg = self.config
-        names = [f.name for f in numerics.matmul_formats(cfg)
-                 if f.name in numerics.HARDWARE_TENSOR_FORMATS]
+        names = [f.name for f in numerics.matmul_formats(cfg)]
         if dtype not in names:
             _fail("dtype", dtype, f"must be one of this build's matmul formats: "
                   f"{', '.join(names) or 'none'} (Config.dtypes={','.join(cfg.dtypes)})")
@@ -840,11 +840,34 @@ class Kernel:
                   f"elements: an offset and a length that are multiples of {size}")
         return offset, view.cols // size
 
-    def load_stationary(self, view, *, dtype: str = "int8"):
+    def _scale_view(self, name, scales, fmt, rows, cols):
+        """``(fields, accesses)`` of the E8M0 scales of an MX operand of ``rows`` x ``cols``:
+        an SBUF view of ``ceil(rows / 32)`` partitions from 0 (block ``b`` in partition
+        ``b``) and ``cols`` bytes; ``scales`` must be None for any other format."""
+        if not fmt.mx:
+            if scales is not None:
+                _fail(name, scales, f"are for the MX formats, not {fmt.name}")
+            return {}, []
+        if scales is None:
+            _fail(name, None, f"are required for {fmt.name}: an SBUF view of one E8M0 byte "
+                  f"per column and block of {numerics.MX_BLOCK} rows")
+        view = _as_view(name, scales, (SbufTile,))
+        self._check_live(name, view)
+        blocks = -(-rows // numerics.MX_BLOCK)
+        if view.r0 != 0 or view.rows != blocks or view.cols != cols:
+            _fail(name, view, f"must be partitions 0..{blocks - 1} (one per block of "
+                  f"{numerics.MX_BLOCK} rows) x {cols} bytes (one per column)")
+        return ({"scale_offset": view.base.offset + view.c0},
+                [(self._key(view.base), False, self._rect(view))])
+
+    def load_stationary(self, view, *, dtype: str = "int8", scales=None):
         """Load the stationary tile ``S[k, m] = view[k, m]`` of ``dtype`` elements (a format
-        of the build: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``): rows are partitions
-        ``0 .. rows-1`` (at most ``pe_rows``), columns elements of ``dtype`` bytes each (at
-        most ``pe_cols``)."""
+        of the build's ``dtypes``: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, and the MX
+        formats in golden-machine configurations): rows are partitions ``0 .. rows-1`` (at
+        most ``pe_rows``), columns elements of ``dtype`` bytes each (at most ``pe_cols``).
+        An MX format takes ``scales``, an SBUF view of ``ceil(rows / 32)`` partitions x
+        ``cols`` bytes: the E8M0 scale of column ``m`` for rows ``32 b .. 32 b + 31`` in
+        partition ``b``."""
         cfg = self.config
         fmt = self._tensor_format(dtype)
         view = _as_view("view", view, (SbufTile,))
@@ -860,19 +883,21 @@ class Kernel:
         if self._load_pending:
             raise KernelError("load_stationary: the previous stationary tile has not been "
                               "used by a matmul yet (the two weight banks require one)")
+        scale_fields, scale_accesses = self._scale_view("scales", scales, fmt, view.rows, cols)
         fields = {"sbuf_offset": offset, "rows": view.rows, "cols": cols,
-                  "format": fmt.code}
+                  "format": fmt.code, **scale_fields}
         self._emit(_TENSOR, isa.Opcode.LOAD_STATIONARY, fields,
-                   [(self._key(view.base), False, self._rect(view))])
+                   [(self._key(view.base), False, self._rect(view)), *scale_accesses])
         self._stationary = (view.rows, cols, fmt)
         self._load_pending = True
 
-    def matmul(self, psum, moving, *, accumulate: bool = False):
+    def matmul(self, psum, moving, *, accumulate: bool = False, scales=None):
         """``psum[m, j] (+)= sum_k S[k, m] * moving[k, j]`` with ``S`` the latest stationary
         tile, whose format the moving elements have: ``moving`` has that tile's rows
         (partitions from 0) and ``n <= moving_max`` columns; ``psum`` (from partition 0) has
         ``n`` entries. Every PSUM partition is written (those past the tile's columns get
-        0); ``accumulate`` adds in int32 (int8) or FP32 (the float formats)."""
+        0); ``accumulate`` adds in int32 (int8) or FP32 (the float formats). An MX tile
+        takes the moving operand's ``scales`` (as :meth:`load_stationary`, ``n`` bytes)."""
         cfg = self.config
         psum = _as_view("psum", psum, (PsumTile,))
         moving = _as_view("moving", moving, (SbufTile,))
@@ -893,12 +918,14 @@ class Kernel:
             _fail("psum entries", psum.cols, f"must equal the moving columns ({n})")
         if not isinstance(accumulate, bool | np.bool_):
             _fail("accumulate", accumulate, "must be a bool")
+        scale_fields, scale_accesses = self._scale_view("scales", scales, fmt, rows, n)
         fields = {"sbuf_offset": offset, "n": n,
                   "psum_bank": psum.base.bank, "psum_entry": psum.base.entry + psum.c0,
-                  "accumulate": int(accumulate), "format": fmt.code}
+                  "accumulate": int(accumulate), "format": fmt.code, **scale_fields}
         self._emit(_TENSOR, isa.Opcode.MATMUL, fields, [
             (self._key(moving.base), False, self._rect(moving)),
-            (self._key(psum.base), True, self._rect(psum, (0, cfg.pe_cols)))])
+            (self._key(psum.base), True, self._rect(psum, (0, cfg.pe_cols))),
+            *scale_accesses])
         self._load_pending = False
         self.macs += rows * cols * n
 

@@ -177,9 +177,10 @@ def float_formats(config):
 def activation_formats(config):
     """The output formats an ``ACTIVATE`` of a build for ``config`` may name, in code order:
     ``int8`` and ``int32`` (the integer path); with any float input format, also ``fp32``
-    and the float input formats that are not MX (the float path)."""
+    and the element format of each float input format (an MX format's is its FP8 format,
+    so one layer's output can feed the next: the float path)."""
     names = ["int8", "int32"]
-    floats = [name for name in float_formats(config) if not DATA_FORMATS[name].mx]
+    floats = {DATA_FORMATS[name].element.name for name in float_formats(config)}
     if floats:
         names += ["fp32", *floats]
     return tuple(sorted((DATA_FORMATS[name] for name in names), key=lambda f: f.code))
