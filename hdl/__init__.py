@@ -3,7 +3,7 @@
 from amaranth.hdl import Const, ValueCastable
 
 from opentrn.config import ConfigError
-from opentrn.numerics import HARDWARE_TENSOR_FORMATS
+from opentrn.numerics import HARDWARE_TENSOR_FORMATS, check_buildable
 
 from . import fp_adder, fp_cast, fp_multiplier
 from .activation_engine import ActivationEngine
@@ -39,16 +39,13 @@ def check(name, config):
     (before any hardware is elaborated)."""
     if name not in TOPS:
         raise ValueError(f"top={name!r}: must be one of {', '.join(TOPS)}")
-    missing = [name for name in config.dtypes if name not in HARDWARE_TENSOR_FORMATS]
-    if missing or "int8" not in config.dtypes:
+    try:
+        check_buildable(config, "the hardware")
+    except ValueError as exc:
         # A valid configuration (projections use it) that the hardware cannot build (yet).
         buildable = ["int8"] + [n for n in config.dtypes
                                 if n in HARDWARE_TENSOR_FORMATS and n != "int8"]
-        rule = (f"the hardware implements {', '.join(HARDWARE_TENSOR_FORMATS)}, not "
-                f"{', '.join(missing)} yet" if missing else
-                "the hardware needs int8 among its formats (its integer path is always built)")
-        raise ConfigError(f"dtypes={','.join(config.dtypes)}: {rule} (try --set dtypes="
-                          f"{','.join(buildable)})")
+        raise ConfigError(f"{exc} (try --set dtypes={','.join(buildable)})") from None
     if name == "core":
         check_core(config)
 

@@ -51,14 +51,7 @@ def float_outputs(config):
 def _check_config(config):
     if not isinstance(config, Config):
         raise TypeError(f"config={config!r}: must be an opentrn.config.Config")
-    missing = [name for name in config.dtypes if name not in numerics.HARDWARE_TENSOR_FORMATS]
-    if missing:
-        raise ValueError(f"dtypes={','.join(config.dtypes)}: the activation engine hardware "
-                         f"implements {', '.join(numerics.HARDWARE_TENSOR_FORMATS)}; "
-                         f"{', '.join(missing)} (MX) are modelled only")
-    if "int8" not in config.dtypes:
-        raise ValueError(f"dtypes={','.join(config.dtypes)}: must include int8 (the "
-                         "activation engine's integer path is always built)")
+    numerics.check_buildable(config, "the activation engine hardware")
 
 
 def params_layout(config):

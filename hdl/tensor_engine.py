@@ -15,14 +15,7 @@ __all__ = ["TensorEngine", "formats", "stationary_layout", "moving_layout", "res
 def formats(config):
     """The tensor format names the array of ``config`` is built for, in code order; raises
     for a configuration the hardware cannot build (an MX format, or no int8)."""
-    missing = [name for name in config.dtypes if name not in numerics.HARDWARE_TENSOR_FORMATS]
-    if missing:
-        raise ValueError(f"dtypes={','.join(config.dtypes)}: the tensor engine hardware "
-                         f"implements {', '.join(numerics.HARDWARE_TENSOR_FORMATS)}, not "
-                         f"{', '.join(missing)}")
-    if "int8" not in config.dtypes:
-        raise ValueError(f"dtypes={','.join(config.dtypes)}: must include int8 (the integer "
-                         "path is always built)")
+    numerics.check_buildable(config, "the tensor engine hardware")
     return tuple(fmt.name for fmt in numerics.matmul_formats(config))
 
 

@@ -49,8 +49,8 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["verilog", "--top", "core", "--set", "pe_cols=8"],
      "opentrn verilog: error: pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
     (["verilog", "--preset", "trn2", "--top", "dma"],
-     "opentrn verilog: error: dtypes=bf16,fp8e4m3,fp8e5m2: the hardware needs int8 among its "
-     "formats (its integer path is always built) (try --set dtypes=int8,bf16,fp8e4m3,fp8e5m2)"),
+     "opentrn verilog: error: dtypes=bf16,fp8e4m3,fp8e5m2: must include int8 (the hardware's "
+     "integer path is always built) (try --set dtypes=int8,bf16,fp8e4m3,fp8e5m2)"),
     (["run", "gemm", "--preset", "small", "--dtype", "bf16", "--sim", "icarus"],
      "opentrn run: error: --dtype=bf16: not among this build's formats, dtypes=int8 (add it "
      "with --set dtypes=...)"),

@@ -163,6 +163,20 @@ TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2"
 HARDWARE_TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2")
 
 
+def check_buildable(config, what):
+    """Raise ``ValueError`` unless the hardware can be built for ``config.dtypes``: formats
+    of :data:`HARDWARE_TENSOR_FORMATS` only, int8 among them. ``what`` names the refusing
+    block in the message (``"the tensor engine hardware"``)."""
+    dtypes = ",".join(config.dtypes)
+    missing = [name for name in config.dtypes if name not in HARDWARE_TENSOR_FORMATS]
+    if missing:
+        raise ValueError(f"dtypes={dtypes}: {what} implements "
+                         f"{', '.join(HARDWARE_TENSOR_FORMATS)}, not {', '.join(missing)} yet")
+    if "int8" not in config.dtypes:
+        raise ValueError(f"dtypes={dtypes}: must include int8 ({what}'s integer path is "
+                         "always built)")
+
+
 def matmul_formats(config):
     """The :class:`DataFormat` s a ``MATMUL``/``LOAD_STATIONARY`` of a build for ``config`` may
     name: its ``dtypes``, in code order. Any other code is ``ILLEGAL_OPCODE``."""
