@@ -3,7 +3,7 @@
 performance counters) and how fast each simulator runs the core.
 
     python benchmarks/core_utilization.py [--presets tiny,small] [--sims verilator,icarus]
-        [--dtypes int8,bf16,fp8e4m3]
+        [--dtypes int8,bf16,fp8e4m3,mxfp8e4m3]
 
 Every shape runs as a kernel (:mod:`opentrn.kernels`) on the core RTL, is checked bit for bit
 against numpy, and reports: cycles, tensor-engine busy cycles / cycles (utilization), the
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from opentrn import config, kernels
+from opentrn import config, kernels, numerics
 from opentrn.kernel import FORMAT_DTYPES, same_bits
 from opentrn.report import markdown_table
 from opentrn.sim import runner
@@ -58,13 +58,22 @@ def main(argv=None):
                 if dtype not in cfg.dtypes:
                     continue
                 for m, k, n in shapes:
+                    fmt = numerics.data_format(dtype)
+                    extra = {}
                     if dtype == "int8":
                         a = rng.integers(-128, 128, (m, k)).astype(np.int8)
                         b = rng.integers(-128, 128, (k, n)).astype(np.int8)
                     else:
+                        element = fmt.element.name if fmt.mx else dtype
                         a, b = (rng.standard_normal(shape).astype(np.float32).astype(
-                            FORMAT_DTYPES[dtype]) for shape in ((m, k), (k, n)))
-                    program, reference = kernels.gemm(cfg, a.T.copy(), b)
+                            FORMAT_DTYPES[element]) for shape in ((m, k), (k, n)))
+                    if fmt.mx:
+                        # E8M0 scales 2**-3 .. 2**3 per block of 32 along K.
+                        blocks = -(-k // numerics.MX_BLOCK)
+                        extra["block_scales"] = tuple(
+                            rng.integers(124, 131, (blocks, cols)).astype(np.uint8)
+                            for cols in (m, n))
+                    program, reference = kernels.gemm(cfg, a.T.copy(), b, **extra)
                     programs.append(program)
                     expected.append(reference["c"])
                     labels.append((dtype, m, k, n))

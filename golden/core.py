@@ -182,8 +182,7 @@ class _Machine:
 
     def _element_bytes(self, f):
         """Bytes of one element of the instruction's ``format``; ``ILLEGAL_OPCODE`` for a
-        format the build lacks (the MX formats are in no hardware build yet, but a
-        configuration for the golden machine may have them)."""
+        format the build lacks."""
         codes = {fmt.code: fmt for fmt in numerics.matmul_formats(self.config)}
         _require(f["format"] in codes, isa.Fault.ILLEGAL_OPCODE)
         return codes[f["format"]].bytes

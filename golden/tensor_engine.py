@@ -1,5 +1,6 @@
-"""Golden model of :mod:`opentrn.hdl.tensor_engine`: the results, bit for bit, and the cycle
-of every result beat, from the formulas of docs/performance.md.
+"""Golden model of :mod:`opentrn.hdl.tensor_engine`: the results, bit for bit (:func:`run`,
+MX scales included), and the cycle of every result beat, from the formulas of
+docs/performance.md.
 
 Notation: ``K = pe_rows``, ``M = pe_cols``, ``N`` the moving vectors of one matmul.
 """
@@ -14,7 +15,8 @@ from . import fp_adder, fp_multiplier
 from .processing_element import wrap
 
 __all__ = ["Matmul", "Schedule", "matmul", "matmul_float", "matmul_bits", "element_bits",
-           "latency", "load_cycles", "reload_guard", "issue_interval", "schedule"]
+           "mx_blocks", "run", "latency", "load_cycles", "reload_guard", "issue_interval",
+           "schedule"]
 
 _INT8_LO, _INT8_HI = -128, 127
 
@@ -114,17 +116,20 @@ def element_bits(values, format_name):
     return values
 
 
-def matmul_bits(config, stationary, moving, format_name):
+def matmul_bits(config, stationary, moving, format_name, *, scale_stationary=None,
+                scale_moving=None):
     """What the array computes from raw element bits (``in_bits`` wide: ``stationary``
     [K, M'] as the weight registers hold them, ``moving`` [K, N]) for vectors of format
     ``format_name``, whatever format the tile was loaded as: the low 8 bits of both as int8
     (:func:`matmul`: ``acc_bits`` two's-complement sums, int64), or the low bits of a float
     format's width as its codes (:func:`matmul_float`: FP32 codes, as int64 in
-    ``[0, 2**32)``). ``[M', N]``."""
+    ``[0, 2**32)``). ``[M', N]``. For an MX format, ``scale_stationary`` ([ceil(K/32), M'],
+    the scale registers) and ``scale_moving`` ([ceil(K/32), N]) are the E8M0 codes of each
+    block of 32 rows (required; refused for the other formats)."""
     fmt = numerics.data_format(format_name)
-    if format_name not in numerics.HARDWARE_TENSOR_FORMATS:
+    if format_name not in numerics.TENSOR_FORMATS:
         raise ValueError(f"format={format_name!r}: must be one of "
-                         f"{', '.join(numerics.HARDWARE_TENSOR_FORMATS)}")
+                         f"{', '.join(numerics.TENSOR_FORMATS)}")
     for name, array in (("stationary", stationary), ("moving", moving)):
         if np.asarray(array).dtype.kind not in "iu":
             raise TypeError(f"{name}: must hold integers, not {np.asarray(array).dtype}")
@@ -135,10 +140,69 @@ def matmul_bits(config, stationary, moving, format_name):
             raise ValueError(f"{name}: raw bits must lie in [0, {(1 << config.in_bits) - 1}] "
                              f"(in_bits={config.in_bits})")
     if fmt.element is None:
+        if scale_stationary is not None or scale_moving is not None:
+            raise ValueError(f"format={format_name!r}: takes no scales")
         as_int8 = lambda bits: ((bits & 0xFF) ^ 0x80) - 0x80  # noqa: E731
         return matmul(config, as_int8(stationary), as_int8(moving))
     mask = (1 << fmt.element.bits) - 1
-    return matmul_float(stationary & mask, moving & mask, format_name).astype(np.int64)
+    return matmul_float(stationary & mask, moving & mask, format_name,
+                        scale_stationary=scale_stationary, scale_moving=scale_moving
+                        ).astype(np.int64)
+
+
+def mx_blocks(config):
+    """Blocks of ``numerics.MX_BLOCK`` rows of the array of ``config`` (each with its own
+    scales): ``ceil(pe_rows / MX_BLOCK)`` when it has an MX format, else 0 (as
+    :func:`opentrn.hdl.tensor_engine.mx_blocks`)."""
+    if not any(fmt.mx for fmt in numerics.matmul_formats(config)):
+        return 0
+    return -(-config.pe_rows // numerics.MX_BLOCK)
+
+
+def _scales(config, name, scales, cols):
+    """``scales`` as E8M0 codes [mx_blocks, cols], or ``None`` on a build without MX."""
+    blocks = mx_blocks(config)
+    if not blocks:
+        if scales is not None:
+            raise ValueError(f"{name}: the build has no MX format (no scales)")
+        return None
+    if scales is None:
+        raise ValueError(f"{name}: required on a build with an MX format (one E8M0 code per "
+                         f"block of {numerics.MX_BLOCK} rows and column)")
+    scales = np.asarray(scales)
+    if scales.shape != (blocks, cols):
+        raise ValueError(f"{name} has shape {scales.shape}: must be ({blocks}, {cols})")
+    if scales.dtype.kind not in "iu" or (scales.size and (scales.min() < 0
+                                                          or scales.max() > 255)):
+        raise ValueError(f"{name}: must hold E8M0 codes (integers 0..255)")
+    return scales.astype(np.int64)
+
+
+def run(config, program):
+    """The golden engine: the result of every :class:`Matmul` of ``program`` ([M', N] per
+    matmul, as :func:`matmul_bits` gives it), as the array computes it. A fresh tile
+    replaces the raw bits of the weight registers and, on a build with an MX format, the
+    scale registers; a reused tile keeps both, whatever format they were loaded as. Vectors
+    of an MX format meet the stored scales and their own; the other vectors ignore both."""
+    if not program or program[0].stationary is None:
+        raise ValueError("the first matmul of a program must load a stationary tile")
+    results = []
+    for op in program:
+        if op.stationary is not None:
+            tile = element_bits(op.stationary, op.format)
+            tile_scales = _scales(config, "scale_stationary", op.scale_stationary,
+                                  tile.shape[1] if tile.ndim == 2 else 0)
+        elif op.scale_stationary is not None:
+            raise ValueError("scale_stationary: a reused tile keeps its scales (give them "
+                             "with a fresh tile)")
+        moving = element_bits(op.moving, op.format)
+        moving_scales = _scales(config, "scale_moving", op.scale_moving,
+                                moving.shape[1] if moving.ndim == 2 else 0)
+        scales = {}
+        if numerics.data_format(op.format).mx:
+            scales = {"scale_stationary": tile_scales, "scale_moving": moving_scales}
+        results.append(matmul_bits(config, tile, moving, op.format, **scales))
+    return results
 
 
 def latency(config):
@@ -169,11 +233,20 @@ class Matmul:
     """One matmul of a program: a fresh ``stationary`` tile ([K, M']; M' <= M columns, the
     rest zero) loaded and swapped in, or ``None`` to reuse the tile in use; the moving
     vectors' ``format`` (int8 values, or codes of a float format; a reused tile's raw bits
-    meet them whatever format it was loaded as, see :func:`matmul_bits`)."""
+    meet them whatever format it was loaded as, see :func:`matmul_bits`).
+
+    On a build with an MX format (:func:`mx_blocks` ``> 0``), the E8M0 scale codes the array
+    is given: ``scale_moving`` [blocks, N] with every matmul (each vector's scale per block
+    of 32 rows) and ``scale_stationary`` [blocks, M'] with a fresh tile (stored with it; a
+    reused tile keeps its scales). Both are required there, whatever the format (vectors of
+    the other formats ignore them, and a tile of another format stores them all the same),
+    and refused on a build without MX (:func:`run`)."""
 
     moving: np.ndarray
     stationary: np.ndarray | None = None
     format: str = "int8"
+    scale_moving: np.ndarray | None = None
+    scale_stationary: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from amaranth.hdl import Const, ValueCastable
 
 from opentrn.config import ConfigError
-from opentrn.numerics import HARDWARE_TENSOR_FORMATS, check_buildable
+from opentrn.numerics import check_buildable
 
 from . import fp_adder, fp_cast, fp_multiplier
 from .activation_engine import ActivationEngine
@@ -42,10 +42,9 @@ def check(name, config):
     try:
         check_buildable(config, "the hardware")
     except ValueError as exc:
-        # A valid configuration (projections use it) that the hardware cannot build (yet).
-        buildable = ["int8"] + [n for n in config.dtypes
-                                if n in HARDWARE_TENSOR_FORMATS and n != "int8"]
-        raise ConfigError(f"{exc} (try --set dtypes={','.join(buildable)})") from None
+        # A valid configuration (projections use it) that the hardware cannot build.
+        raise ConfigError(f"{exc} (try --set dtypes={','.join(('int8', *config.dtypes))})"
+                          ) from None
     if name == "core":
         check_core(config)
 

@@ -13,6 +13,8 @@ __all__ = ["ProcessingElement"]
 
 #: Bits of an int8 element: the integer path reads the low byte of the element registers.
 _INT8_BITS = 8
+#: Bits of an E8M0 scale code (the MX formats).
+_SCALE_BITS = 8
 
 
 def _check(in_bits, acc_bits, formats):
@@ -20,9 +22,9 @@ def _check(in_bits, acc_bits, formats):
     if not isinstance(formats, tuple) or not formats:
         raise TypeError(f"formats={formats!r}: must be a non-empty tuple of format names")
     for name in formats:
-        if name not in numerics.HARDWARE_TENSOR_FORMATS:
+        if name not in numerics.TENSOR_FORMATS:
             raise ValueError(f"formats: {name!r} is not a format the PE implements (one of "
-                             f"{', '.join(numerics.HARDWARE_TENSOR_FORMATS)})")
+                             f"{', '.join(numerics.TENSOR_FORMATS)})")
     if len(set(formats)) != len(formats):
         raise ValueError(f"formats={formats!r}: names a format more than once")
     if "int8" not in formats:
@@ -55,12 +57,17 @@ class ProcessingElement(wiring.Component):
       the result FP32 codes: the exact product rounded to FP32, then the FP32 sum, both to
       nearest even (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier`,
       :class:`~opentrn.hdl.fp_adder.FPAdder`). The operands are the low bits of the element
-      registers (8 for FP8, 16 for BF16).
+      registers (8 for FP8 and MXFP8, 16 for BF16);
+    * an MX format (``mxfp8e4m3``, ``mxfp8e5m2``): as its FP8 format, the product scaled by
+      ``2**(sw + sx - 254)`` before it is rounded, with ``sw`` the E8M0 scale stored with
+      the weight (in the same bank) and ``sx`` the scale that comes with the element
+      (``x_scale_in``); a scale of 255 (E8M0 NaN) makes the product NaN.
 
     Element registers hold raw bits (``in_bits`` wide, zero-extended codes). The float
-    units are built only when ``formats`` has a float format; of the two paths the unused
-    one gets zero operands, so it does not toggle (and simulates fast). For a format code
-    not in ``formats`` the result is unspecified.
+    units are built only when ``formats`` has a float format, the scale registers and ports
+    only when it has an MX format; of the two paths the unused one gets zero operands
+    (scales included), so it does not toggle (and simulates fast). For a format code not in
+    ``formats`` the result is unspecified. Elements of the other formats ignore the scales.
 
     Because every moving element carries its own bank number, a new stationary tile can be
     written into one bank while the other bank's tile is still in use by elements in flight
@@ -73,7 +80,7 @@ class ProcessingElement(wiring.Component):
     -------
     enable : ``In(1)``
         Advance the pipeline registers (``x_out``, ``bank_out``, ``format_out``,
-        ``psum_out``) this cycle.
+        ``x_scale_out``, ``psum_out``) this cycle.
     x_in : ``In(unsigned(in_bits))``
         Moving element (raw bits) from the left neighbour (or the row's skew line).
     bank_in : ``In(1)``
@@ -87,9 +94,20 @@ class ProcessingElement(wiring.Component):
     psum_out : ``Out(signed(acc_bits))``
         The multiply-accumulate above, registered, to the PE below.
     weight_we : ``In(1)``
-        Write ``weight_data`` into bank ``weight_bank`` this cycle (independent of ``enable``).
+        Write ``weight_data`` (and ``weight_scale``) into bank ``weight_bank`` this cycle
+        (independent of ``enable``).
     weight_bank : ``In(1)``
     weight_data : ``In(unsigned(in_bits))``
+
+    With an MX format in ``formats`` (only then):
+
+    x_scale_in : ``In(8)``
+        E8M0 scale code of ``x_in`` (it travels with the element).
+    x_scale_out : ``Out(8)``
+        ``x_scale_in`` registered, to the right neighbour.
+    weight_scale : ``In(8)``
+        E8M0 scale code of ``weight_data``, written with it into bank ``weight_bank``'s
+        scale register.
     """
 
     def __init__(self, *, in_bits, acc_bits, formats=("int8",)):
@@ -101,7 +119,8 @@ class ProcessingElement(wiring.Component):
         self._in_bits = in_bits
         self._acc_bits = acc_bits
         self._formats = formats
-        super().__init__({
+        self._mx = any(numerics.data_format(name).mx for name in formats)
+        members = {
             "enable": In(1),
             "x_in": In(unsigned(in_bits)),
             "bank_in": In(1),
@@ -114,7 +133,14 @@ class ProcessingElement(wiring.Component):
             "weight_we": In(1),
             "weight_bank": In(1),
             "weight_data": In(unsigned(in_bits)),
-        })
+        }
+        if self._mx:
+            members.update({
+                "x_scale_in": In(_SCALE_BITS),
+                "x_scale_out": Out(_SCALE_BITS),
+                "weight_scale": In(_SCALE_BITS),
+            })
+        super().__init__(members)
 
     @property
     def formats(self):
@@ -123,15 +149,22 @@ class ProcessingElement(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         weights = [Signal(unsigned(self._in_bits), name=f"weight{bank}") for bank in range(2)]
+        # The E8M0 scale of each bank's weight (MX formats only).
+        scales = [Signal(_SCALE_BITS, name=f"weight_scale{bank}") for bank in range(2)
+                  ] if self._mx else []
 
         with m.If(self.weight_we):
-            with m.If(self.weight_bank):
-                m.d.sync += weights[1].eq(self.weight_data)
-            with m.Else():
-                m.d.sync += weights[0].eq(self.weight_data)
+            for bank in range(2):
+                with m.If(self.weight_bank == bank):
+                    m.d.sync += weights[bank].eq(self.weight_data)
+                    if self._mx:
+                        m.d.sync += scales[bank].eq(self.weight_scale)
 
         weight = Signal(unsigned(self._in_bits))
         m.d.comb += weight.eq(Mux(self.bank_in, weights[1], weights[0]))
+        weight_scale = Signal(_SCALE_BITS)
+        if self._mx:
+            m.d.comb += weight_scale.eq(Mux(self.bank_in, scales[1], scales[0]))
 
         # The integer path: its operands are zero while a float element passes.
         int_x = Signal(signed(_INT8_BITS))
@@ -159,6 +192,11 @@ class ProcessingElement(wiring.Component):
                     adder.a[0].eq(self.psum_in),
                     adder.b[0].eq(multiplier.product[0]),
                 ]
+                if self._mx:
+                    m.d.comb += [
+                        multiplier.scale_a[0].eq(weight_scale),
+                        multiplier.scale_b[0].eq(self.x_scale_in),
+                    ]
             m.d.comb += result.eq(Mux(is_float, adder.sum[0], int_result))
         else:
             m.d.comb += result.eq(int_result)
@@ -170,4 +208,6 @@ class ProcessingElement(wiring.Component):
                 self.format_out.eq(self.format_in),
                 self.psum_out.eq(result),
             ]
+            if self._mx:
+                m.d.sync += self.x_scale_out.eq(self.x_scale_in)
         return m

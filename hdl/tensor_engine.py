@@ -9,14 +9,32 @@ from opentrn import numerics
 
 from .processing_element import ProcessingElement
 
-__all__ = ["TensorEngine", "formats", "stationary_layout", "moving_layout", "result_layout"]
+__all__ = ["TensorEngine", "formats", "mx_blocks", "stationary_layout", "moving_layout",
+           "result_layout"]
+
+#: Bits of an E8M0 scale code (the MX formats).
+_SCALE_BITS = 8
 
 
 def formats(config):
     """The tensor format names the array of ``config`` is built for, in code order; raises
-    for a configuration the hardware cannot build (an MX format, or no int8)."""
+    for a configuration the hardware cannot build (no int8)."""
     numerics.check_buildable(config, "the tensor engine hardware")
     return tuple(fmt.name for fmt in numerics.matmul_formats(config))
+
+
+def mx_blocks(config):
+    """The MX scale blocks of the array of ``config``: ``ceil(pe_rows / numerics.MX_BLOCK)``
+    when any of its formats is an MX format (row ``k`` is in block ``k // MX_BLOCK``), else
+    0 (the layouts then have no ``scale`` field)."""
+    if not any(fmt.mx for fmt in numerics.matmul_formats(config)):
+        return 0
+    return -(-config.pe_rows // numerics.MX_BLOCK)
+
+
+def _scale_fields(config):
+    blocks = mx_blocks(config)
+    return {"scale": data.ArrayLayout(unsigned(_SCALE_BITS), blocks)} if blocks else {}
 
 
 def _element_shape(config):
@@ -28,9 +46,15 @@ def _element_shape(config):
 def stationary_layout(config):
     """One stationary beat: column ``m`` of the stationary tile, one element per array row
     (``stationary[:, m]``), as the SBUF delivers it (one element per partition): raw bits,
-    ``in_bits`` wide, whatever the format (the format comes with each moving vector)."""
+    ``in_bits`` wide, whatever the format (the format comes with each moving vector).
+
+    In a build with an MX format (:func:`mx_blocks` ``> 0``) also ``scale``: column ``m``'s
+    E8M0 scale code of each block of ``numerics.MX_BLOCK`` rows; row ``k``'s weight is
+    stored with ``scale[k // MX_BLOCK]``. Vectors of an MX format use the stored scales,
+    the others ignore them (so a tile of another format may carry anything there)."""
     return data.StructLayout({
         "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
+        **_scale_fields(config),
     })
 
 
@@ -38,6 +62,11 @@ def moving_layout(config):
     """One moving beat: column ``n`` of the moving tile, one element per array row (raw
     bits, ``in_bits`` wide), and the vector's ``format`` code (``numerics.DataFormat.code``),
     which decides how every PE multiplies and adds it (docs/numerics.md).
+
+    In a build with an MX format (:func:`mx_blocks` ``> 0``) also ``scale``: the vector's
+    E8M0 scale code of each block of ``numerics.MX_BLOCK`` rows; row ``k``'s element is
+    multiplied with ``scale[k // MX_BLOCK]`` (skewed with it: row ``k`` sees it ``k`` cycles
+    after the vector was accepted). A vector of another format ignores it.
 
     ``swap`` marks the first vector of a matmul that uses the most recently loaded stationary
     tile (the engine holds it until that load has completed); without it the vector uses the
@@ -47,6 +76,7 @@ def moving_layout(config):
     return data.StructLayout({
         "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
         "format": numerics.FORMAT_CODE_BITS,
+        **_scale_fields(config),
         "swap": 1,
         "last": 1,
     })
@@ -74,6 +104,15 @@ class TensorEngine(wiring.Component):
     vectors of different formats may use one tile (the tensor unit allows only the format of
     the load; the array does not care).
 
+    MX formats (a build with one has :func:`mx_blocks` blocks of ``numerics.MX_BLOCK``
+    rows): every stationary beat carries column ``m``'s E8M0 scale per block, stored in each
+    PE of the column next to its weight (row ``k`` takes block ``k // MX_BLOCK``'s, in the
+    same bank). Every moving vector carries its scale per block; it is skewed with the
+    elements, by one register chain per block (as long as the block's last row's delay,
+    each row of the block tapping it at its own delay), and flows right along the row with
+    the element. Each PE multiplies an MX element by its weight scaled by
+    ``2**(sw + sx - 254)`` (docs/numerics.md); vectors of other formats ignore the scales.
+
     Timing (``K = pe_rows``, ``M = pe_cols``; see docs/performance.md):
 
     * a stationary load takes ``M`` beats, one column per cycle, into the idle weight bank;
@@ -90,9 +129,10 @@ class TensorEngine(wiring.Component):
     Members
     -------
     stationary : ``In(stream.Signature(stationary_layout(config)))``
-        Stationary tile columns, ``pe_cols`` beats per load.
+        Stationary tile columns (and, with an MX format, their scales), ``pe_cols`` beats
+        per load.
     moving : ``In(stream.Signature(moving_layout(config)))``
-        Moving vectors.
+        Moving vectors (and, with an MX format, their scales).
     result : ``Out(stream.Signature(result_layout(config)))``
         Columns of ``out``, in the order the moving vectors were accepted.
     """
@@ -160,17 +200,38 @@ class TensorEngine(wiring.Component):
             for col in range(cols):
                 m.submodules[f"pe_{row}_{col}"] = pes[row][col]
 
+        # Skew: row k sees a vector k cycles after row 0, in step with the partial sums coming
+        # down from the rows above. Registers that advance with the array: delay lines whose
+        # taps are the value 0, 1, 2, ... advances ago.
+        skew = []
+
+        def delay_line(value, length, name):
+            taps = [value]
+            for stage in range(length):
+                reg = Signal.like(taps[-1], name=f"{name}_{stage}")
+                skew.append(reg.eq(taps[-1]))
+                taps.append(reg)
+            return taps
+
+        # The bank and format of a vector are the same in every row: one line for all rows,
+        # row k taps it after k registers.
+        bank_taps = delay_line(vector_bank, rows - 1, "skew_bank")
+        format_taps = delay_line(self.moving.payload.format, rows - 1, "skew_format")
+        # The moving scales: one line per block, as long as the delay of the block's last
+        # row; row k of block b taps it after k registers (the earlier taps are unused).
+        blocks = mx_blocks(cfg)
+        scale_taps = []
+        for block in range(blocks):
+            first = block * numerics.MX_BLOCK
+            last_row = min(first + numerics.MX_BLOCK, rows) - 1
+            taps = delay_line(self.moving.payload.scale[block], last_row, f"skew_scale_{block}")
+            scale_taps += taps[first:last_row + 1]
+        assert len(scale_taps) == (rows if blocks else 0)
+
         for row in range(rows):
-            # Skew: row k sees a vector k cycles after row 0, in step with the partial sums
-            # coming down from the rows above.
-            x, bank, fmt = self.moving.payload.data[row], vector_bank, self.moving.payload.format
-            for stage in range(row):
-                x_reg = Signal(unsigned(cfg.in_bits), name=f"skew_x_{row}_{stage}")
-                bank_reg = Signal(name=f"skew_bank_{row}_{stage}")
-                fmt_reg = Signal(numerics.FORMAT_CODE_BITS, name=f"skew_format_{row}_{stage}")
-                with m.If(advance):
-                    m.d.sync += [x_reg.eq(x), bank_reg.eq(bank), fmt_reg.eq(fmt)]
-                x, bank, fmt = x_reg, bank_reg, fmt_reg
+            # The elements: one line per row.
+            x = delay_line(self.moving.payload.data[row], row, f"skew_x_{row}")[row]
+            bank, fmt = bank_taps[row], format_taps[row]
             for col in range(cols):
                 pe = pes[row][col]
                 left = pes[row][col - 1] if col else None
@@ -184,6 +245,15 @@ class TensorEngine(wiring.Component):
                     pe.weight_bank.eq(load_bank),
                     pe.weight_data.eq(self.stationary.payload.data[row]),
                 ]
+                if blocks:
+                    m.d.comb += [
+                        pe.x_scale_in.eq(left.x_scale_out if left else scale_taps[row]),
+                        pe.weight_scale.eq(
+                            self.stationary.payload.scale[row // numerics.MX_BLOCK]),
+                    ]
+
+        with m.If(advance):
+            m.d.sync += skew
 
         # -- de-skew and result ------------------------------------------------------------
         # Column m leaves the array m cycles after column 0; delay it by M-1-m more.

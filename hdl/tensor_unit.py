@@ -16,7 +16,7 @@ from .partitioned_memory import (
     vector_response_layout,
     vector_shape,
 )
-from .tensor_engine import TensorEngine, formats
+from .tensor_engine import TensorEngine, formats, mx_blocks
 
 __all__ = ["TensorUnit"]
 
@@ -40,8 +40,9 @@ def _has_wide(config):
     return any(numerics.data_format(name).bytes == 2 for name in config.dtypes)
 
 
-def _common_job(config, count_max):
-    """The fields a column reader needs: the words to read and where the columns are."""
+def _common_job(config, count_max, *, wide=True):
+    """The fields a column reader needs: the words to read and where the columns are
+    (``wide``: its elements may be 2 bytes, if the build has such a format)."""
     _, word_bytes, depth = sbuf.geometry(config)
     fields = {
         "first_word": range(depth), "last_word": range(depth),
@@ -49,25 +50,37 @@ def _common_job(config, count_max):
         "count": range(count_max + 1),           # columns read from the SBUF
         "sequence": _SEQUENCE_BITS,              # program order (wraps)
     }
-    if _has_wide(config):
+    if wide and _has_wide(config):
         fields["wide"] = 1                       # elements of 2 bytes (else 1)
     return fields
 
 
+def _path_job(config, count_max):
+    """The fields both paths' jobs have: their column reader's, ``rows`` of the tile and,
+    in a build with an MX format, ``mx`` (the scale reader has the job's scales)."""
+    fields = {**_common_job(config, count_max), "rows": range(config.pe_rows + 1)}
+    if mx_blocks(config):
+        fields["mx"] = 1
+    return fields
+
+
+def _scale_job(config, count_max):
+    """A scale reader's job: one E8M0 byte per column."""
+    return data.StructLayout(_common_job(config, count_max, wide=False))
+
+
 def _load_job(config):
-    return data.StructLayout({**_common_job(config, config.pe_cols),
-                              "rows": range(config.pe_rows + 1)})
+    return data.StructLayout(_path_job(config, config.pe_cols))
 
 
 def _matmul_job(config):
     return data.StructLayout({
-        **_common_job(config, config.moving_max),
+        **_path_job(config, config.moving_max),
         "bank": range(config.psum_banks), "entry": range(config.psum_bank_entries),
         "accumulate": 1,
         "format": numerics.FORMAT_CODE_BITS,     # the moving vectors' format
         "swap": 1,                               # a load was accepted since the last matmul
         "macs": range(config.pe_rows * config.pe_cols + 1),   # rows * cols of its tile
-        "rows": range(config.pe_rows + 1),       # of its tile: partitions it reads
         "cols": range(config.pe_cols + 1),       # of its tile: PSUM partitions it writes
     })
 
@@ -94,22 +107,25 @@ class _ColumnReader:
     Inputs (drive them): ``push``/``push_job`` (enqueue, only when ``space``), ``grant``
     (this reader's request was granted this cycle), ``response``/``response_data`` (the
     answer of this reader's request), ``take`` (the current column ``col`` was consumed),
-    ``finish`` (the current job is complete: dequeue it).
-    Outputs: ``space``, ``want``/``word`` (request), ``gen_job`` (the address generator's
-    job), ``job`` (the extractor's job), ``has_job``, ``col``, ``in_data``
-    (``col < job.count``), ``word_ready`` (a word is held), ``column`` (element ``col`` of
-    the job in every partition, zero-extended to ``in_bits``: one byte, or with ``job.wide``
-    two adjacent bytes of one word, little-endian; element-aligned offsets and words of at
-    least 4 bytes keep an element within one word).
+    ``finish`` (the current job is complete: dequeue it). Outputs: ``space``,
+    ``want``/``word`` (request), ``gen_job`` (the address generator's job), ``reserved``
+    (words held or requested), ``job`` (the extractor's job), ``has_job``, ``col``,
+    ``in_data`` (``col < job.count``), ``word_ready`` (a word is held), ``column`` (element
+    ``col`` of the job in each of the first ``partitions`` partitions, zero-extended to
+    ``element_bits``: one byte, or with ``job.wide`` two adjacent bytes of one word,
+    little-endian; element-aligned offsets and words of at least 4 bytes keep an element
+    within one word). Only those partitions of a word are kept (a scale reader keeps one per
+    MX block).
     """
 
-    def __init__(self, m, name, *, config, layout, jobs, words, col_max):
-        partitions, word_bytes, depth = sbuf.geometry(config)
+    def __init__(self, m, name, *, config, layout, jobs, words, col_max, partitions,
+                 element_bits):
+        all_partitions, word_bytes, depth = sbuf.geometry(config)
         self.push = Signal(name=f"{name}_push")
         self.push_job = Signal(layout, name=f"{name}_push_job")
         self.grant = Signal(name=f"{name}_grant")
         self.response = Signal(name=f"{name}_response")
-        self.response_data = Signal(vector_shape(partitions, word_bytes),
+        self.response_data = Signal(vector_shape(all_partitions, word_bytes),
                                     name=f"{name}_response_data")
         self.take = Signal(name=f"{name}_take")
         self.finish = Signal(name=f"{name}_finish")
@@ -121,9 +137,9 @@ class _ColumnReader:
         self.col = Signal(range(col_max + 1), name=f"{name}_col")
         self.in_data = Signal(name=f"{name}_in_data")
         self.word_ready = Signal(name=f"{name}_word_ready")
-        self.column = Signal(data.ArrayLayout(config.in_bits, partitions),
+        self.column = Signal(data.ArrayLayout(element_bits, partitions),
                              name=f"{name}_column")
-        wide_built = _has_wide(config)
+        wide_built = "wide" in layout.members
 
         # -- job queue: one write pointer, two read pointers (address generator, extractor)
         queue = [Signal(layout, name=f"{name}_queue_{i}") for i in range(jobs)]
@@ -145,7 +161,7 @@ class _ColumnReader:
         gen_index = Signal(range(depth), name=f"{name}_gen_index")
         reserved = Signal(range(words + 1), name=f"{name}_reserved")   # held + in flight
         _select(m, gen_job, queue, gen_at)
-        self.gen_job = gen_job
+        self.gen_job, self.reserved = gen_job, reserved
         m.d.comb += [
             self.word.eq(gen_job.first_word + gen_index),
             self.want.eq((to_generate != 0) & (reserved != words)),
@@ -168,7 +184,8 @@ class _ColumnReader:
         with m.If(self.response):
             for i in range(words):
                 with m.If(fill_at == i):
-                    m.d.sync += buffer[i].eq(self.response_data)
+                    m.d.sync += [buffer[i][p].eq(self.response_data[p])
+                                 for p in range(partitions)]
             m.d.sync += fill_at.eq(_wrap_increment(fill_at, words))
 
         # -- extractor -----------------------------------------------------------------------
@@ -238,6 +255,12 @@ class TensorUnit(wiring.Component):
       results, as the ISA says: for int8 the zero weights already do it, but a float
       ``0 * inf`` is NaN. A FIFO of ``pe_rows + pe_cols`` entries holds the destination of
       the matmuls whose results are in flight.
+    * An MX format (with ``mx_blocks`` blocks of 32 rows): each path has a second column
+      reader for the scales, byte ``scale_offset + j`` of partitions ``b < mx_blocks``
+      (block ``b``'s E8M0 scale of column ``j``), which go with column ``j`` (127, that is
+      ``2**0``, for blocks at or past the tile's ``rows``). The four readers share
+      ``sbuf_read`` by age as above (a path's two by the fewer words reserved), so an MX
+      instruction reads twice the words of an FP8 one.
     * Instructions retire in program order: a load once its last column entered the array,
       a matmul two cycles after its last result beat was accepted by the PSUM (readable).
 
@@ -292,28 +315,31 @@ class TensorUnit(wiring.Component):
     # -- checks --------------------------------------------------------------------------
 
     def _element(self, m, code, name):
-        """``(legal, wide)`` of a format code: a format of the build (``matmul_formats``),
-        and one of 2-byte elements."""
+        """``(legal, wide, mx)`` of a format code: a format of the build
+        (``matmul_formats``), one of 2-byte elements, an MX format."""
         legal = Signal(name=f"{name}_legal")
         wide = Signal(name=f"{name}_wide")
+        mx = Signal(name=f"{name}_mx")
         built = numerics.matmul_formats(self._config)
         m.d.comb += [
             legal.eq(Cat(code == fmt.code for fmt in built).any()),
             wide.eq(Cat(code == fmt.code for fmt in built if fmt.bytes == 2).any()),
+            mx.eq(Cat(code == fmt.code for fmt in built if fmt.mx).any()),
         ]
-        return legal, wide
+        return legal, wide, mx
 
     def _check(self, m, loaded, load_pending, tile_format):
         """``fault`` for the instruction on ``check`` (docs/isa.md, in its rule order):
         ``ILLEGAL_OPCODE`` for a format the build lacks, then ``BAD_FIELD``, then
-        ``OUT_OF_RANGE`` (extents in bytes: elements of the format's size)."""
+        ``OUT_OF_RANGE`` (extents in bytes: elements of the format's size; an MX format's
+        scales, one byte per column from ``scale_offset``)."""
         cfg = self._config
         k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
         size = cfg.sbuf_bytes_per_partition
         load = data.View(isa.layout(isa.Opcode.LOAD_STATIONARY), self.check.as_value())
         mm = self.check
-        load_legal, load_wide = self._element(m, load.format, "check_load")
-        mm_legal, mm_wide = self._element(m, mm.format, "check_matmul")
+        load_legal, load_wide, load_mx = self._element(m, load.format, "check_load")
+        mm_legal, mm_wide, mm_mx = self._element(m, mm.format, "check_matmul")
         with m.If(self.check_valid):
             with m.Switch(mm.opcode):
                 with m.Case(int(isa.Opcode.LOAD_STATIONARY)):
@@ -323,7 +349,8 @@ class TensorUnit(wiring.Component):
                                 | (load.cols == 0) | (load.cols > m_cols)
                                 | (load_wide & load.sbuf_offset[0])):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
-                    with m.Elif(load.sbuf_offset + (load.cols << load_wide) > size):
+                    with m.Elif((load.sbuf_offset + (load.cols << load_wide) > size)
+                                | (load_mx & (load.scale_offset + load.cols > size))):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
                 with m.Case(int(isa.Opcode.MATMUL)):
                     with m.If(~mm_legal):
@@ -333,6 +360,7 @@ class TensorUnit(wiring.Component):
                                 | (mm.format != tile_format)):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
                     with m.Elif((mm.sbuf_offset + (mm.n << mm_wide) > size)
+                                | (mm_mx & (mm.scale_offset + mm.n > size))
                                 | (mm.psum_bank >= cfg.psum_banks)
                                 | (mm.psum_entry + mm.n > cfg.psum_bank_entries)):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
@@ -356,10 +384,26 @@ class TensorUnit(wiring.Component):
         sequence = Signal(_SEQUENCE_BITS)                 # of the next instruction
         self._check(m, loaded, load_pending, tile_format)
 
+        partitions = sbuf.geometry(cfg)[0]
         loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=_LOAD_JOBS,
-                              words=_LOAD_WORDS, col_max=m_cols)
+                              words=_LOAD_WORDS, col_max=m_cols, partitions=partitions,
+                              element_bits=cfg.in_bits)
         matmuls = _ColumnReader(m, "matmul", config=cfg, layout=_matmul_job(cfg),
-                                jobs=_MATMUL_JOBS, words=_MATMUL_WORDS, col_max=cfg.moving_max)
+                                jobs=_MATMUL_JOBS, words=_MATMUL_WORDS, col_max=cfg.moving_max,
+                                partitions=partitions, element_bits=cfg.in_bits)
+        # With an MX format, each path has a second reader for its MX jobs' scales (block b
+        # in partition b); its queue holds the path's MX jobs, in the same order.
+        blocks = mx_blocks(cfg)
+        scale_of = {}
+        if blocks:
+            for path, jobs, words, col_max in ((loads, _LOAD_JOBS, _LOAD_WORDS, m_cols),
+                                               (matmuls, _MATMUL_JOBS, _MATMUL_WORDS,
+                                                cfg.moving_max)):
+                name = "load_scales" if path is loads else "matmul_scales"
+                scale_of[path] = _ColumnReader(m, name, config=cfg,
+                                               layout=_scale_job(cfg, col_max), jobs=jobs,
+                                               words=words, col_max=col_max, partitions=blocks,
+                                               element_bits=8)
 
         # Program order of retirement: one bit per accepted instruction (1: a load). Deep
         # enough for every instruction in the queues and the array with one-vector matmuls.
@@ -372,14 +416,12 @@ class TensorUnit(wiring.Component):
         is_load = Signal()
         m.d.comb += [
             is_load.eq(word.opcode == isa.Opcode.LOAD_STATIONARY),
-            self.instruction.ready.eq(order.w_rdy & Mux(is_load, loads.space, matmuls.space)),
         ]
         accept = self.instruction.valid & self.instruction.ready
-        wide_built = _has_wide(cfg)
-        _, load_wide = self._element(m, load.format, "accept_load")
-        _, matmul_wide = self._element(m, word.format, "accept_matmul")
+        _, load_wide, load_mx = self._element(m, load.format, "accept_load")
+        _, matmul_wide, matmul_mx = self._element(m, word.format, "accept_matmul")
 
-        def place(job, offset, count, wide):
+        def place(job, offset, count, wide=0):
             """The word span and first lane of ``count`` columns (elements of 1 byte, or 2
             bytes when ``wide``) from byte ``offset``."""
             offset = offset[:offset_bits]
@@ -389,9 +431,25 @@ class TensorUnit(wiring.Component):
                 job.lane.eq(offset[:lane_bits]),
                 job.count.eq(count),
                 job.sequence.eq(sequence),
-                *([job.wide.eq(wide)] if wide_built else []),
+                *([job.wide.eq(wide)] if "wide" in job.shape().members else []),
             ]
 
+        if blocks:
+            # The path's reader and its scale reader both need space for an MX instruction.
+            load_space = loads.space & (~load_mx | scale_of[loads].space)
+            matmul_space = matmuls.space & (~matmul_mx | scale_of[matmuls].space)
+            m.d.comb += [
+                *place(scale_of[loads].push_job, load.scale_offset, load.cols),
+                *place(scale_of[matmuls].push_job, word.scale_offset, word.n),
+                scale_of[loads].push.eq(accept & is_load & load_mx),
+                scale_of[matmuls].push.eq(accept & ~is_load & matmul_mx),
+                loads.push_job.mx.eq(load_mx),
+                matmuls.push_job.mx.eq(matmul_mx),
+            ]
+        else:
+            load_space, matmul_space = loads.space, matmuls.space
+        m.d.comb += self.instruction.ready.eq(order.w_rdy & Mux(is_load, load_space,
+                                                                matmul_space))
         m.d.comb += [
             *place(loads.push_job, load.sbuf_offset, load.cols, load_wide),
             loads.push_job.rows.eq(load.rows),
@@ -424,42 +482,76 @@ class TensorUnit(wiring.Component):
         # -- the shared SBUF read port -------------------------------------------------------
         # The older instruction first (the array consumes in program order, so its data is
         # due first); a younger one gets the port whenever the older one cannot use it
-        # (no buffer space, no words left to request). A request not granted keeps its owner
-        # (and so its payload: a reader's word changes only when it is granted) until it is.
+        # (no buffer space, no words left to request). A path's two readers (an MX job's
+        # elements and scales) have the same age: the one with fewer words reserved goes
+        # first, so both have a word early. A request not granted keeps its owner (and so
+        # its payload: a reader's word changes only when it is granted) until it is.
+        readers = [loads, matmuls, *scale_of.values()]
         request = self.sbuf_read.request
-        owner = Signal()             # 1: the load path
+        owner = Signal(range(len(readers)))
         locked = Signal()
-        locked_owner = Signal()
+        locked_owner = Signal.like(owner)
+
+        def first(i, j):
+            """Reader ``i`` goes before reader ``j`` (both wanting)."""
+            a, b = readers[i], readers[j]
+            # Sequence numbers wrap: the older has the negative difference.
+            age = a.gen_job.sequence - b.gen_job.sequence
+            same = a.gen_job.sequence == b.gen_job.sequence
+            if i < j:
+                return Mux(same, a.reserved <= b.reserved, age[_SEQUENCE_BITS - 1])
+            return Mux(same, a.reserved < b.reserved, age[_SEQUENCE_BITS - 1])
+
         with m.If(locked):
             m.d.comb += owner.eq(locked_owner)
-        with m.Elif(loads.want & matmuls.want):
-            # Sequence numbers wrap: the older has the negative difference.
-            age = loads.gen_job.sequence - matmuls.gen_job.sequence
-            m.d.comb += owner.eq(age[_SEQUENCE_BITS - 1])
         with m.Else():
-            m.d.comb += owner.eq(loads.want)
+            for i, reader in enumerate(readers):
+                beats_all = Cat(~other.want | first(i, j)
+                                for j, other in enumerate(readers) if j != i).all()
+                with m.If(reader.want & beats_all):
+                    m.d.comb += owner.eq(i)
         granted = request.valid & request.ready
         m.d.comb += [
-            request.valid.eq(loads.want | matmuls.want),
-            request.payload.word.eq(Mux(owner, loads.word, matmuls.word)),
-            loads.grant.eq(granted & owner),
-            matmuls.grant.eq(granted & ~owner),
+            request.valid.eq(Cat(reader.want for reader in readers).any()),
+            request.payload.word.eq(Cat(reader.word for reader in readers)
+                                    .word_select(owner, len(loads.word))),
+            *(reader.grant.eq(granted & (owner == i)) for i, reader in enumerate(readers)),
         ]
         m.d.sync += [locked.eq(request.valid & ~request.ready), locked_owner.eq(owner)]
-        responding = Signal()        # owner of the response due this cycle
+        responding = Signal.like(owner)        # owner of the response due this cycle
         with m.If(granted):
             m.d.sync += responding.eq(owner)
         response = self.sbuf_read.response
         m.d.comb += [
-            loads.response.eq(response.valid & responding),
-            matmuls.response.eq(response.valid & ~responding),
-            loads.response_data.eq(response.payload.data),
-            matmuls.response_data.eq(response.payload.data),
+            *(reader.response.eq(response.valid & (responding == i))
+              for i, reader in enumerate(readers)),
+            *(reader.response_data.eq(response.payload.data) for reader in readers),
         ]
+
+        def scales(path, payload):
+            """An MX job's scales: ``(ready, [statements])``. ``ready``: its scale word is
+            held too (1 for other jobs); the statements drive ``payload.scale`` (block b's
+            byte, 127 = 2**0 for blocks past the tile's rows and for other jobs) and keep
+            the scale reader in step with the path (it holds the path's MX jobs only)."""
+            if not blocks:
+                return 1, []
+            reader = scale_of[path]
+            statements = [reader.take.eq(path.take & path.job.mx),
+                          reader.finish.eq(path.finish & path.job.mx)]
+            for block in range(blocks):
+                used = path.job.mx & path.in_data & (block * numerics.MX_BLOCK < path.job.rows)
+                statements.append(payload.scale[block].eq(
+                    Mux(used, reader.column[block], numerics.E8M0_BIAS)))
+            return ~path.job.mx | reader.word_ready, statements
 
         # -- load path: pe_cols stationary beats per load --------------------------------
         stationary = engine.stationary
-        m.d.comb += stationary.valid.eq(loads.has_job & (~loads.in_data | loads.word_ready))
+        load_scales_ready, load_scale_statements = scales(loads, stationary.payload)
+        m.d.comb += [
+            stationary.valid.eq(loads.has_job
+                                & (~loads.in_data | (loads.word_ready & load_scales_ready))),
+            *load_scale_statements,
+        ]
         with m.If(loads.in_data):
             for row in range(k_rows):
                 with m.If(row < loads.job.rows):
@@ -483,9 +575,12 @@ class TensorUnit(wiring.Component):
         moving = engine.moving
         first = matmuls.col == 0
         last = matmuls.col == matmuls.job.count - 1
+        matmul_scales_ready, matmul_scale_statements = scales(matmuls, moving.payload)
         m.d.comb += [
             # A matmul enters only with a slot for its results' destination.
-            moving.valid.eq(matmuls.has_job & matmuls.word_ready & (~first | results.w_rdy)),
+            moving.valid.eq(matmuls.has_job & matmuls.word_ready & matmul_scales_ready
+                            & (~first | results.w_rdy)),
+            *matmul_scale_statements,
             moving.payload.format.eq(matmuls.job.format),
             moving.payload.swap.eq(first & matmuls.job.swap),
             moving.payload.last.eq(last),

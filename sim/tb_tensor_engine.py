@@ -2,11 +2,17 @@
 
 Drivers feed stationary tiles and moving vectors (raw element bits and each vector's format
 code), a monitor collects result beats, and a scoreboard compares every beat with the golden
-model (:mod:`opentrn.golden.tensor_engine`, :func:`~opentrn.golden.tensor_engine.matmul_bits`)
+model (:mod:`opentrn.golden.tensor_engine`, :func:`~opentrn.golden.tensor_engine.run`)
 bit for bit, and, where the result stream is always ready and the inputs have no gaps, the
 cycle of every beat with the documented formulas. On a build with float formats two more
-tests run: random BF16/FP8 matmuls with the formats' edge values, and vectors of every
+tests run: random BF16/FP8/MXFP8 matmuls with the formats' edge values, and vectors of every
 format (int8 among them) interleaved on one tile.
+
+On a build with an MX format every stationary column and every moving vector carries E8M0
+scales, one per block of 32 rows (random ones, weighted to 255, 0, 254, 127 and moderate
+codes, whatever the format: vectors of the other formats must ignore them, and a tile of
+another format stores them all the same); on a build of two blocks or more,
+``test_mx_blocks`` runs a short program whose results depend on each block's own scales.
 
 Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables):
 
@@ -18,6 +24,7 @@ Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables
 (default: 24 matmuls of N = K + M, each with a fresh tile).
 """
 
+import dataclasses
 import random
 import zlib
 from itertools import pairwise
@@ -124,7 +131,8 @@ def tie_program(config, fmt):
     ``2**16`` (the products ``2**8 * 2**8``, ``2**-3 * 2**-4``, ``2**-4 * 2**-4`` are exact
     in every float format here). Column 2 subtracts to exactly zero (vector 1), column 3
     is +0 (vector 0) and max finite squared (vector 1: infinity in BF16; FP8 products stay
-    finite)."""
+    finite). An MX format has stationary scales 130 and moving scales 124 (unscaled
+    products)."""
     element = numerics.data_format(fmt).element
     k_rows, m_cols = config.pe_rows, config.pe_cols
     code = lambda value: int(numerics.to_bits(np.float32(value), element))  # noqa: E731
@@ -139,14 +147,21 @@ def tie_program(config, fmt):
         # Row 3 meets zeros in the other columns (and column 3 meets zeros elsewhere).
         tile[3, 3] = element.max_finite_bits
         moving[3, 1] = element.max_finite_bits
-    return [golden.Matmul(moving, tile, fmt)]
+    scales = {}
+    if numerics.data_format(fmt).mx:
+        # 2**3 * 2**-3: the products are unscaled, so the ties stay ties.
+        blocks = golden.mx_blocks(config)
+        scales = {"scale_stationary": np.full((blocks, m_cols), 130),
+                  "scale_moving": np.full((blocks, 2), 124)}
+    return [golden.Matmul(moving, tile, fmt, **scales)]
 
 
 def float_program(config, rng, count):
-    """The ties of :func:`tie_program` for every float format of ``config``, then
-    ``count`` random matmuls: a float format at random, N as in :func:`random_program`, a
-    fresh tile 60% of the time (a reused one keeps its format), codes of
-    :func:`float_codes`, one tile in ten all of one edge value."""
+    """The ties of :func:`tie_program` for every float format of ``config`` (the MX ones
+    included), then ``count`` random matmuls: a float format at random, N as in
+    :func:`random_program`, a fresh tile 60% of the time (a reused one keeps its format),
+    codes of :func:`float_codes`, one tile in ten all of one edge value (scales: see
+    :func:`with_scales`)."""
     floats = numerics.float_formats(config)
     k_rows, m_cols, n_max = config.pe_rows, config.pe_cols, config.moving_max
     program = [op for fmt in floats for op in tie_program(config, fmt)]
@@ -191,6 +206,124 @@ def mixed_program(config, rng, count):
     return program
 
 
+#: E8M0 codes at the edges: the NaN, the smallest, the largest, 2**0 (and 1, the smallest
+#: above 0). Every MX workload is weighted to them.
+EDGE_SCALES = (255, 0, 254, 127, 1)
+
+
+def scale_codes(rng, shape):
+    """Random E8M0 scale codes: 6% 255 (NaN), 10% 0, 10% 254, 15% 127 (``2**0``), 4% 1,
+    5% uniform, the other 50% moderate (117..137: products of ordinary size)."""
+    roll = rng.random(shape)
+    return np.select([roll < 0.06, roll < 0.16, roll < 0.26, roll < 0.41, roll < 0.45,
+                      roll < 0.5],
+                     [255, 0, 254, 127, 1, rng.integers(0, 256, shape)],
+                     rng.integers(117, 138, shape)).astype(np.int64)
+
+
+def with_scales(config, rng, program):
+    """``program`` with the scales the array is given on a build with an MX format
+    (:class:`~opentrn.golden.tensor_engine.Matmul`): :func:`scale_codes` for every matmul
+    and fresh tile that has none, whatever its format. Unchanged on other builds."""
+    blocks = golden.mx_blocks(config)
+    if not blocks:
+        return program
+    scaled = []
+    for op in program:
+        changes = {}
+        if op.scale_moving is None:
+            changes["scale_moving"] = scale_codes(rng, (blocks, op.moving.shape[1]))
+        if op.stationary is not None and op.scale_stationary is None:
+            changes["scale_stationary"] = scale_codes(rng, (blocks, op.stationary.shape[1]))
+        scaled.append(dataclasses.replace(op, **changes))
+    return scaled
+
+
+def block_program(config, rng):
+    """On a build of two MX blocks or more, in the build's first MX format: matmuls whose
+    results depend on the scales of every block (distinct per block), and on the scales of
+    the vector that is in each row at the time (distinct per vector):
+
+    * a tile of ones with scales distinct per block and column; vectors of ones in one
+      block's rows only, ones everywhere, zeros with the E8M0 NaN in the last block only,
+      ones in block 0 with 0 and 254 elsewhere;
+    * that tile reused by vectors of random finite values with moderate scales;
+    * an int8 tile and int8 vectors (their scales, edge codes, ignored), then MX vectors
+      meeting the int8 tile's raw bits (no NaN code among them) and stored scales;
+    * a fresh tile of random finite values, eight vectors, moderate scales and edge ones
+    (a short program: a 64-row build is slow to simulate)."""
+    k_rows, m_cols, n = config.pe_rows, config.pe_cols, min(config.moving_max, 8)
+    blocks = golden.mx_blocks(config)
+    fmt = next(f.name for f in numerics.matmul_formats(config) if f.mx)
+    element = numerics.data_format(fmt).element
+    one = int(numerics.to_bits(np.float32(1.0), element))
+    block_of = np.arange(k_rows) // numerics.MX_BLOCK
+
+    def moderate(cols):
+        """Moderate scales (117..137), distinct in every column."""
+        first = rng.integers(117, 138, cols)
+        steps = np.stack([rng.permutation(np.arange(1, 21))[:blocks - 1] for _ in range(cols)],
+                         axis=1)
+        return np.concatenate([first[None, :], (first - 117 + steps) % 21 + 117])
+
+    def finite(shape):
+        """Codes of values of moderate size (no zero, infinity or NaN)."""
+        values = rng.standard_normal(shape) * 2.0 ** rng.integers(-3, 4, shape)
+        return numerics.to_bits(values.astype(np.float32), element).astype(np.int64)
+
+    tile = np.full((k_rows, m_cols), one, dtype=np.int64)
+    tile_scales = 120 + 5 * np.arange(blocks)[:, None] + np.arange(m_cols)[None, :]
+    vectors = [np.where(block_of == block, one, 0) for block in range(blocks)]
+    scales = [moderate(1)[:, 0] for _ in range(blocks)]
+    vectors += [np.full(k_rows, one), np.zeros(k_rows, dtype=np.int64),
+                np.where(block_of == 0, one, 0)]
+    scales += [moderate(1)[:, 0], np.array([127] * (blocks - 1) + [255]),
+               np.array([0] + [254] * (blocks - 1))]
+    int8_tile = rng.integers(-128, 127, (k_rows, m_cols))      # not 0x7F ...
+    int8_tile[int8_tile == -1] = 1                              # ... nor 0xFF: NaN in E4M3
+    return [
+        golden.Matmul(np.stack(vectors, axis=1), tile, fmt,
+                      scale_moving=np.stack(scales, axis=1), scale_stationary=tile_scales),
+        golden.Matmul(finite((k_rows, 6)), None, fmt, scale_moving=moderate(6)),
+        golden.Matmul(rng.integers(-128, 128, (k_rows, 3)), int8_tile, "int8",
+                      scale_moving=rng.choice(EDGE_SCALES, (blocks, 3)),
+                      scale_stationary=moderate(m_cols)),
+        golden.Matmul(finite((k_rows, 3)), None, fmt, scale_moving=moderate(3)),
+        golden.Matmul(finite((k_rows, n)), finite((k_rows, m_cols)), fmt,
+                      scale_moving=np.where(rng.random((blocks, n)) < 0.2,
+                                            scale_codes(rng, (blocks, n)), moderate(n)),
+                      scale_stationary=moderate(m_cols)),
+    ]
+
+
+def block_sensitivity(config, program):
+    """How many result beats of ``program`` would differ if the array got the MX blocks
+    wrong: ``stationary`` (every row takes block 0's stationary scales), ``moving`` (every
+    row takes block 0's moving scales) and ``skew`` (the rows past block 0 take the scales
+    of the previous vector)."""
+    def variant(change):
+        return [dataclasses.replace(op, **change(op)) for op in program]
+
+    def block0(scales):
+        return None if scales is None else np.repeat(scales[:1], len(scales), axis=0)
+
+    def late(scales):
+        shifted = scales.copy()
+        shifted[1:, 1:] = scales[1:, :-1]
+        return shifted
+
+    reference = golden.run(config, program)
+    counts = {}
+    for name, change in (
+            ("stationary", lambda op: {"scale_stationary": block0(op.scale_stationary)}),
+            ("moving", lambda op: {"scale_moving": block0(op.scale_moving)}),
+            ("skew", lambda op: {"scale_moving": late(op.scale_moving)})):
+        results = golden.run(config, variant(change))
+        counts[name] = sum(int(np.sum(np.any(a != b, axis=0)))
+                           for a, b in zip(results, reference, strict=True))
+    return counts
+
+
 def result_classes(codes):
     """How many FP32 result codes are NaN, infinite, zero, subnormal."""
     codes = np.asarray(codes, dtype=np.int64) & 0xFFFF_FFFF
@@ -225,25 +358,38 @@ class TensorEngineBench:
         """Run ``program`` and return its statistics; raises on any mismatch or a hang."""
         config = self.config
         timing = golden.schedule(config, program)
+        outs = golden.run(config, program)      # also checks the programs' scales
+        mx = golden.mx_blocks(config) > 0
         expected = []
-        self.float_results = []
-        for op in program:
+        self.float_results, self.mx_results = [], []
+        self.mx_scales = dict.fromkeys(EDGE_SCALES, 0)
+        for op, out in zip(program, outs, strict=True):
             if op.stationary is not None:
                 # Raw bits in the weight registers, whatever format the vectors have.
                 tile = golden.element_bits(op.stationary, op.format)
                 for m in range(config.pe_cols):
-                    self.stationary.send({"data": [int(v) for v in tile[:, m]]})
-                current = tile
+                    beat = {"data": [int(v) for v in tile[:, m]]}
+                    if mx:
+                        beat["scale"] = [int(v) for v in op.scale_stationary[:, m]]
+                    self.stationary.send(beat)
+                tile_scales = op.scale_stationary
             moving = golden.element_bits(op.moving, op.format)
-            out = golden.matmul_bits(config, current, moving, op.format)
+            fmt = numerics.data_format(op.format)
             if op.format != "int8":
                 self.float_results.append(out.ravel())
-            code = numerics.data_format(op.format).code
+            if fmt.mx:
+                self.mx_results.append(out.ravel())
+                for scale in EDGE_SCALES:
+                    self.mx_scales[scale] += int(np.sum(op.scale_moving == scale)
+                                                 + np.sum(tile_scales == scale))
             n = op.moving.shape[1]
             for i in range(n):
-                self.moving.send({"data": [int(v) for v in moving[:, i]], "format": code,
-                                  "swap": int(op.stationary is not None and i == 0),
-                                  "last": int(i == n - 1)})
+                beat = {"data": [int(v) for v in moving[:, i]], "format": fmt.code,
+                        "swap": int(op.stationary is not None and i == 0),
+                        "last": int(i == n - 1)}
+                if mx:
+                    beat["scale"] = [int(v) for v in op.scale_moving[:, i]]
+                self.moving.send(beat)
                 expected.append((out[:, i], int(i == n - 1)))
 
         # Watchdog: a hang becomes a failure with the stream states printed.
@@ -303,6 +449,11 @@ class TensorEngineBench:
         }
         if self.float_results:
             stats["float_results"] = result_classes(np.concatenate(self.float_results))
+        if self.mx_results:
+            # The MX matmuls alone: their results and how often each edge scale met them
+            # (moving scales and the tile's stored scales).
+            stats["mx_results"] = result_classes(np.concatenate(self.mx_results))
+            stats["mx_scales"] = {str(code): count for code, count in self.mx_scales.items()}
         log.info("scoreboard: %s", stats)
         return stats
 
@@ -313,7 +464,9 @@ async def _run_test(dut, name, program_of, *, gaps=0.0, backpressure=0.0, check_
     bench = TensorEngineBench(dut, config, gaps=gaps, backpressure=backpressure, seed=seed)
     await bench.reset()
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    program = program_of(config, rng, cases)
+    program = with_scales(config, rng, program_of(config, rng, cases))
+    if callable(extra):
+        extra = extra(config, program)
     stats = await bench.run(program, check_cycles=check_cycles)
     harness.report({"test": name, "seed": seed, **(extra or {}), **stats})
     assert stats["mismatches"] == 0, \
@@ -368,9 +521,9 @@ async def test_back_to_back_reused(dut):
 
 @cocotb.test()
 async def test_float_random(dut):
-    """BF16, FP8 E4M3 and FP8 E5M2 matmuls (exact ties first, then random ones with the
-    formats' edge values), always ready: bit-exact and cycle-exact. Only on a build with
-    float formats."""
+    """BF16, FP8 E4M3, FP8 E5M2 and MXFP8 matmuls (exact ties first, then random ones with
+    the formats' edge values and, for MX, random scales), always ready: bit-exact and
+    cycle-exact. Only on a build with float formats."""
     config, _, _ = _settings()
     if not numerics.float_formats(config):
         return
@@ -390,6 +543,21 @@ async def test_mixed_formats(dut):
     await _run_test(dut, "mixed_formats",
                     lambda config, rng, cases: mixed_program(config, rng, cases),
                     gaps=0.2, backpressure=0.3, check_cycles=False)
+
+
+@cocotb.test()
+async def test_mx_blocks(dut):
+    """On a build of two MX blocks or more (only there): :func:`block_program`, always
+    ready, bit-exact and cycle-exact; the record says how many beats would differ if the
+    array took block 0's stationary or moving scales for every row, or a row past block 0
+    the scales of the previous vector (:func:`block_sensitivity`)."""
+    config, _, _ = _settings()
+    if golden.mx_blocks(config) < 2:
+        return
+    await _run_test(dut, "mx_blocks", lambda config, rng, cases: block_program(config, rng),
+                    check_cycles=True,
+                    extra=lambda config, program: {
+                        "block_sensitivity": block_sensitivity(config, program)})
 
 
 async def _back_to_back(dut, name, config, n, *, fresh, count):

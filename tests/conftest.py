@@ -15,6 +15,16 @@ SIM_BUILDS = {
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
 }
 
+#: Builds of the tensor engine with more than one MX block (row ``k`` of the array takes the
+#: E8M0 scales of block ``k // 32``): 64 rows, two blocks, in one MX format, and two columns
+#: (the fewest a config has): 128 FP processing elements, whose Verilog alone takes about
+#: 25 s to generate. Its testbench runs a short program (``test_mx_blocks``) on Icarus only
+#: (:func:`simulators_for`), about 35 s in all from a cold build cache.
+MX_BUILDS = {
+    "mx64": config.preset("tiny").replace(pe_rows=64, pe_cols=2, sbuf_partitions=64,
+                                          dtypes=("int8", "mxfp8e4m3")),
+}
+
 
 def simulators_for(build):
     """The simulators a block testbench runs a build on: builds named like ``tiny``

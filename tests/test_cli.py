@@ -3,10 +3,12 @@ import subprocess
 import sys
 import tomllib
 
+import numpy as np
 import pytest
 
-from opentrn import config
+from opentrn import cli, config
 from opentrn.cli import main
+from opentrn.kernel import same_bits
 from opentrn.sim import runner
 
 from .conftest import require_simulator
@@ -40,9 +42,9 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["run", "gemm", "--set", "pe_rows=8", "--sim", "icarus"],
      "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
     (["demo", "--preset", "trn3", "--sim", "icarus"],
-     "opentrn demo: error: dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: the hardware "
-     "implements int8, bf16, fp8e4m3, fp8e5m2, not mxfp8e4m3, mxfp8e5m2 yet (try --set "
-     "dtypes=int8,bf16,fp8e4m3,fp8e5m2)"),
+     "opentrn demo: error: dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: must include int8 "
+     "(the hardware's integer path is always built) (try --set "
+     "dtypes=int8,bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2)"),
     (["verilog", "--top", "core", "--set", "dma_bus_bytes=64"],
      "opentrn verilog: error: dma_bus_bytes=64: the core's instruction fetch needs a bus of "
      "at most 32 bytes"),
@@ -54,10 +56,46 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["run", "gemm", "--preset", "small", "--dtype", "bf16", "--sim", "icarus"],
      "opentrn run: error: --dtype=bf16: not among this build's formats, dtypes=int8 (add it "
      "with --set dtypes=...)"),
+    (["run", "gemm", "--preset", "small", "--dtype", "mxfp8e4m3", "--sim", "icarus"],
+     "opentrn run: error: --dtype=mxfp8e4m3: not among this build's formats, dtypes=int8 "
+     "(add it with --set dtypes=...)"),
+    (["run", "mlp", "--set", "dtypes=int8,bf16,fp8e4m3,fp8e5m2", "--dtype", "mxfp8e5m2",
+      "--sim", "icarus"],
+     "opentrn run: error: --dtype=mxfp8e5m2: not among this build's formats, "
+     "dtypes=int8,bf16,fp8e4m3,fp8e5m2 (add it with --set dtypes=...)"),
 ])
 def test_errors_exit_2_and_name_the_field(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["mxfp8e4m3", "mxfp8e5m2"])
+@pytest.mark.parametrize("argv", [["run", "gemm", "--m", "5", "--k", "70", "--n", "9"],
+                                  ["run", "gemm-relu", "--m", "6", "--k", "40", "--n", "7"],
+                                  ["run", "mlp", "--batch", "6", "--d-in", "40", "--hidden", "9",
+                                   "--d-out", "3"],
+                                  ["demo", "--m", "5", "--k", "33", "--n", "6"]],
+                         ids=["gemm", "gemm-relu", "mlp", "demo"])
+def test_mx_kernels_of_the_cli_on_the_golden_machine(argv, dtype):
+    """``--dtype mxfp8e4m3|mxfp8e5m2``: the kernels ``opentrn run`` / ``demo`` build (FP8
+    elements, random E8M0 block scales) match their numpy references on the golden machine
+    (the CLI itself runs the core RTL)."""
+    args = cli._parser().parse_args([*argv, "--preset", "tiny", "--dtype", dtype,
+                                     "--seed", "3"])
+    if args.command == "demo":
+        args.kernel = "gemm-relu"            # as ``opentrn demo`` does
+    label, program, expected = cli._build_kernel(args, cli._config(args))
+    assert label.startswith(f"{dtype} ")
+    scales = {"x_t_scales", "w1_scales", "w2_scales", "h_scales"} if args.kernel == "mlp" \
+        else {"a_t_scales", "b_scales"}
+    assert scales <= set(program.inputs)
+    codes = program.read_inputs()[min(scales)]
+    assert codes.dtype == np.uint8 and codes.min() >= cli.MX_SCALE_CODES[0]
+    outputs, outcome = program.run()
+    for name, value in expected.items():
+        assert same_bits(outputs[name], value), name
+        finite = np.isfinite(value.astype(np.float32))
+        assert finite.mean() > 0.9 and len(np.unique(value[finite])) > 5
 
 
 def test_unknown_preset_is_an_argparse_error(capsys):
@@ -112,8 +150,10 @@ def test_demo_json_and_waves(sim, dtype, tmp_path):
                                   ["mlp", "--batch", "6", "--d-in", "5", "--hidden", "9",
                                    "--d-out", "3"],
                                   ["mlp", "--batch", "6", "--d-in", "5", "--hidden", "9",
-                                   "--d-out", "3", "--dtype", "fp8e5m2"]],
-                         ids=["gemm", "gemm-bf16", "mlp", "mlp-fp8e5m2"])
+                                   "--d-out", "3", "--dtype", "fp8e5m2"],
+                                  ["gemm-relu", "--m", "5", "--k", "40", "--n", "7", "--dtype",
+                                   "mxfp8e4m3"]],
+                         ids=["gemm", "gemm-bf16", "mlp", "mlp-fp8e5m2", "gemm-relu-mxfp8e4m3"])
 def test_run_text_report(argv, capsys):
     sim = runner.long_run_simulator()
     require_simulator(sim)

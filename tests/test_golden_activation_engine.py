@@ -201,7 +201,7 @@ def _call(cfg=TINY, **changes):
     (dict(function=2), r"function=2: must be one of 0 \(identity\), 1 \(relu\)"),
     (dict(out_format="int16"), r"out_format='int16': must be one of int8, bf16, fp8e4m3, "
                                r"fp8e5m2, fp32, int32 \(the output formats of "
-                               r"dtypes=int8,bf16,fp8e4m3,fp8e5m2\)"),
+                               r"dtypes=int8,bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2\)"),
     (dict(out_format="mxfp8e4m3"), r"out_format='mxfp8e4m3': must be one of"),
     (dict(out_format="bf16", shift=1), r"shift=1: must be 0 for the float out_format bf16"),
     (dict(out_format="fp32", multiplier=1 << 32),

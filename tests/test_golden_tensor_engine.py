@@ -208,20 +208,32 @@ def test_float_matmul_refuses_bad_arguments():
                             scale_moving=np.zeros((2, 2), int))
 
 
-def _float32_mac(psum, x, weight, fmt):
-    """numpy: the product exact in float64 rounded to float32, then the float32 sum; NaN
-    results canonical."""
+def _float32_mac(psum, x, weight, fmt, scale_weight=None, scale_x=None):
+    """numpy: the product exact in float64 (times ``2**(scale_weight + scale_x - 254)``
+    for MX, NaN for a scale of 255) rounded to float32, then the float32 sum; NaN results
+    canonical."""
     element = numerics.data_format(fmt).element
     with np.errstate(all="ignore"):
-        product = np.float32(numerics.from_bits(weight, element).astype(np.float64)
-                             * numerics.from_bits(x, element).astype(np.float64))
-        total = np.float32(numerics.from_bits(psum, numerics.FP32) + product)
+        product = (numerics.from_bits(weight, element).astype(np.float64)
+                   * numerics.from_bits(x, element).astype(np.float64))
+        if scale_weight is not None:
+            # Two factors, each exact in float64 (a single 2**(sw + sx - 254) may not be).
+            sw, sx = np.asarray(scale_weight), np.asarray(scale_x)
+            product = product * 2.0 ** (sw - 127.0) * 2.0 ** (sx - 127.0)
+            product = np.where((sw == 255) | (sx == 255), np.nan, product)
+        total = np.float32(numerics.from_bits(psum, numerics.FP32) + np.float32(product))
     codes = np.asarray(total).view(np.uint32).copy()
     codes[np.isnan(np.asarray(total))] = numerics.CANONICAL_NAN32
     return codes
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2"])
+def _edge_scales(rng, shape):
+    """E8M0 codes: the edges (0, 1, 127, 254, 255) and codes near 127, half and half."""
+    return np.where(rng.random(shape) < 0.5, rng.choice([0, 1, 127, 254, 255], shape),
+                    rng.integers(110, 145, shape))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2"])
 def test_mac_float_equals_float32_arithmetic(fmt):
     element = numerics.data_format(fmt).element
     rng = np.random.default_rng(5)
@@ -230,25 +242,59 @@ def test_mac_float_equals_float32_arithmetic(fmt):
     psum = np.where(rng.random(20000) < 0.5,
                     numerics.to_bits(rng.standard_normal(20000).astype(np.float32), "fp32"),
                     rng.integers(0, 1 << 32, 20000)).astype(np.int64)
-    np.testing.assert_array_equal(mac_float(psum, x, weight, fmt),
-                                  _float32_mac(psum, x, weight, fmt))
-    with pytest.raises(ValueError, match="format='mxfp8e4m3': must be a float tensor format"):
-        mac_float(0, 0, 0, "mxfp8e4m3")
+    scales = {}
+    if numerics.data_format(fmt).mx:
+        scales = {"scale_weight": _edge_scales(rng, 20000), "scale_x": _edge_scales(rng, 20000)}
+    got = mac_float(psum, x, weight, fmt, **scales)
+    np.testing.assert_array_equal(got, _float32_mac(psum, x, weight, fmt, **scales))
+    if scales:
+        # The scales reached the results: overflow, FP32 subnormals, the E8M0 NaN.
+        values = numerics.from_bits(got, numerics.FP32)
+        assert np.isinf(values).any() and (np.abs(values) < 2.0 ** -126).any()
+        nan_scale = (scales["scale_weight"] == 255) | (scales["scale_x"] == 255)
+        assert (got[nan_scale] == numerics.CANONICAL_NAN32).all() and nan_scale.any()
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2"])
+def test_mac_float_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="format='int8': must be a float tensor format the PE "
+                                         "implements"):
+        mac_float(0, 0, 0, "int8")
+    with pytest.raises(ValueError, match="format='fp32': must be a float tensor format"):
+        mac_float(0, 0, 0, "fp32")
+    for kwargs in ({}, {"scale_weight": 127}, {"scale_x": 127}):
+        with pytest.raises(ValueError, match="format='mxfp8e4m3': scale_weight and scale_x "
+                                             "are required"):
+            mac_float(0, 0, 0, "mxfp8e4m3", **kwargs)
+    for kwargs in ({"scale_weight": 127}, {"scale_x": 127}):
+        with pytest.raises(ValueError, match="format='fp8e4m3': takes no scales"):
+            mac_float(0, 0, 0, "fp8e4m3", **kwargs)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2"])
 def test_matmul_float_is_the_systolic_chain_of_macs(fmt):
     """matmul_float is what the array computes: the partial sum enters the top row as +0
-    and goes through ``mac_float`` once per row."""
+    and goes through ``mac_float`` once per row; for MX, row k with the scales of block
+    k // 32 (here 70 rows: three blocks, the last one partial)."""
     element = numerics.data_format(fmt).element
+    mx = numerics.data_format(fmt).mx
+    rows = 70 if mx else 4
     rng = np.random.default_rng(9)
-    for _ in range(20):
-        stationary = _random_codes(rng, element, (4, 4), 0.1)
-        moving = _random_codes(rng, element, (4, 3), 0.1)
-        out = np.zeros((4, 3), np.uint32)
-        for k in range(4):
-            out = mac_float(out, moving[k][None, :], stationary[k][:, None], fmt)
-        np.testing.assert_array_equal(golden.matmul_float(stationary, moving, fmt), out)
+    for _ in range(20 if not mx else 6):
+        stationary = _random_codes(rng, element, (rows, 4), 0.1 if not mx else 0.005)
+        moving = _random_codes(rng, element, (rows, 3), 0.1 if not mx else 0.005)
+        scales, out = {}, np.zeros((4, 3), np.uint32)
+        if mx:
+            scales = {"scale_stationary": rng.integers(117, 138, (3, 4)),
+                      "scale_moving": rng.integers(117, 138, (3, 3))}
+        for k in range(rows):
+            row_scales = {}
+            if mx:
+                block = k // numerics.MX_BLOCK
+                row_scales = {"scale_weight": scales["scale_stationary"][block][:, None],
+                              "scale_x": scales["scale_moving"][block][None, :]}
+            out = mac_float(out, moving[k][None, :], stationary[k][:, None], fmt, **row_scales)
+        np.testing.assert_array_equal(golden.matmul_float(stationary, moving, fmt, **scales),
+                                      out)
 
 
 def test_matmul_bits_reads_the_low_bits_of_the_format():
@@ -273,7 +319,18 @@ def test_matmul_bits_reads_the_low_bits_of_the_format():
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.zeros((4, 1), int), "fp32"),
-     ValueError, "format='fp32': must be one of int8, bf16, fp8e4m3, fp8e5m2"),
+     ValueError, "format='fp32': must be one of int8, bf16, fp8e4m3, fp8e5m2, mxfp8e4m3, "
+                 "mxfp8e5m2$"),
+    (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.zeros((4, 1), int),
+                                "mxfp8e4m3"),
+     ValueError, "scale_stationary and scale_moving are required"),
+    (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.zeros((4, 1), int), "fp8e4m3",
+                                scale_stationary=np.zeros((1, 4), int),
+                                scale_moving=np.zeros((1, 1), int)),
+     ValueError, "format='fp8e4m3': takes no scales"),
+    (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.zeros((4, 1), int), "int8",
+                                scale_moving=np.zeros((1, 1), int)),
+     ValueError, "format='int8': takes no scales"),
     (lambda: golden.matmul_bits(TINY, np.full((4, 4), 1 << 16), np.zeros((4, 1), int),
                                 "bf16"), ValueError, r"stationary: raw bits must lie in"),
     (lambda: golden.matmul_bits(TINY, np.zeros((4, 4), int), np.full((4, 1), -1), "int8"),
@@ -287,3 +344,102 @@ def test_matmul_bits_reads_the_low_bits_of_the_format():
 def test_matmul_bits_refuses_bad_arguments(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# -- MX scales in the engine ------------------------------------------------------------------
+
+TINY_MX = TINY.replace(dtypes=("int8", "bf16", "fp8e4m3", "mxfp8e4m3", "mxfp8e5m2"))
+TINY_FLOAT = TINY.replace(dtypes=("int8", "bf16", "fp8e4m3", "fp8e5m2"))
+MX64 = TINY.replace(pe_rows=64, pe_cols=2, sbuf_partitions=64, dtypes=("int8", "mxfp8e4m3"))
+
+
+def test_mx_blocks():
+    assert golden.mx_blocks(TINY_FLOAT) == 0 and golden.mx_blocks(TINY16) == 0
+    assert golden.mx_blocks(TINY_MX) == 1
+    assert golden.mx_blocks(MX64) == 2
+    assert golden.mx_blocks(MX64.replace(pe_rows=128, sbuf_partitions=128)) == 4
+    assert golden.mx_blocks(config.preset("trn3")) == 4          # 128 rows
+
+
+def test_matmul_bits_takes_mx_scales():
+    """An MX format: the low byte of the raw bits as the element's codes, scaled per
+    block."""
+    rng = np.random.default_rng(4)
+    raw_s, raw_x = rng.integers(0, 1 << 8, (64, 2)), rng.integers(0, 1 << 8, (64, 3))
+    scales = {"scale_stationary": rng.integers(100, 150, (2, 2)),
+              "scale_moving": rng.integers(100, 150, (2, 3))}
+    got = golden.matmul_bits(MX64, raw_s, raw_x, "mxfp8e4m3", **scales)
+    np.testing.assert_array_equal(got, golden.matmul_float(raw_s, raw_x, "mxfp8e4m3",
+                                                           **scales))
+    np.testing.assert_array_equal(got, float_reference(raw_s, raw_x, "mxfp8e4m3",
+                                                       scales["scale_stationary"],
+                                                       scales["scale_moving"]))
+
+
+def _ones(cfg, fmt, cols):
+    one = int(numerics.to_bits(np.float32(1.0), numerics.data_format(fmt).element))
+    return np.full((cfg.pe_rows, cols), one, dtype=np.int64)
+
+
+def test_run_keeps_a_reused_tiles_scales():
+    """A reused tile keeps the scales it was loaded with, whatever format it was loaded
+    as; every row takes its block's scales, and vectors of other formats ignore them."""
+    cfg, fmt = MX64, "mxfp8e4m3"
+    block = np.arange(64)[:, None] // 32
+    tile_scales = np.array([[127, 120], [130, 140]])
+    x_scales = np.array([[127, 125], [127, 126]])
+    int8_tile = np.where(block == 0, 1, 2) * np.ones((64, 2), np.int64)
+    program = [
+        golden.Matmul(_ones(cfg, fmt, 2), _ones(cfg, fmt, 2), fmt, scale_moving=x_scales,
+                      scale_stationary=tile_scales),
+        golden.Matmul(_ones(cfg, fmt, 2), None, fmt, scale_moving=x_scales),
+        golden.Matmul(np.ones((64, 1), np.int64), int8_tile, "int8",
+                      scale_moving=np.array([[255], [255]]),
+                      scale_stationary=np.array([[127, 127], [128, 126]])),
+        # MX vectors meet the int8 tile's raw bits (1, 2: E4M3 subnormals 2**-9, 2**-8)
+        # with the scales stored with it.
+        golden.Matmul(_ones(cfg, fmt, 1), None, fmt, scale_moving=np.array([[127], [127]])),
+    ]
+    first, second, third, fourth = golden.run(cfg, program)
+    value = lambda codes: numerics.from_bits(codes.astype(np.uint32), "fp32")  # noqa: E731
+    # Column m, vector n: 32 * 2**(s[0, m] + x[0, n] - 254) + 32 * 2**(s[1, m] + x[1, n] - 254).
+    want = np.array([[32 * 2.0 ** (ts[0] + xs[0] - 254) + 32 * 2.0 ** (ts[1] + xs[1] - 254)
+                      for xs in x_scales.T] for ts in tile_scales.T])
+    np.testing.assert_array_equal(value(first), want)
+    np.testing.assert_array_equal(second, first)
+    assert third.tolist() == [[32 * 1 + 32 * 2]] * 2          # int8: the scales ignored
+    want = [32 * 2.0 ** -9 + 32 * 2.0 ** -8 * 2.0 ** (128 - 127),
+            32 * 2.0 ** -9 + 32 * 2.0 ** -8 * 2.0 ** (126 - 127)]
+    np.testing.assert_array_equal(value(fourth)[:, 0], want)
+
+
+def test_run_checks_the_scales():
+    fmt = "mxfp8e4m3"
+    moving, tile = _ones(MX64, fmt, 1), _ones(MX64, fmt, 2)
+    scales = {"scale_moving": np.full((2, 1), 127), "scale_stationary": np.full((2, 2), 127)}
+    golden.run(MX64, [golden.Matmul(moving, tile, fmt, **scales)])
+    cases = [
+        (MX64, [golden.Matmul(moving, tile, fmt, scale_moving=scales["scale_moving"])],
+         "scale_stationary: required on a build with an MX format"),
+        (MX64, [golden.Matmul(np.zeros((64, 1), np.int64), np.zeros((64, 2), np.int64),
+                              scale_stationary=scales["scale_stationary"])],
+         "scale_moving: required on a build with an MX format"),
+        (MX64, [golden.Matmul(moving, tile, fmt, scale_moving=np.full((1, 1), 127),
+                              scale_stationary=scales["scale_stationary"])],
+         r"scale_moving has shape \(1, 1\): must be \(2, 1\)"),
+        (MX64, [golden.Matmul(moving, tile, fmt, scale_moving=np.full((2, 1), 256),
+                              scale_stationary=scales["scale_stationary"])],
+         r"scale_moving: must hold E8M0 codes \(integers 0..255\)"),
+        (MX64, [golden.Matmul(moving, tile, fmt, **scales),
+                golden.Matmul(moving, None, fmt, **scales)],
+         "scale_stationary: a reused tile keeps its scales"),
+        (TINY_FLOAT, [golden.Matmul(np.zeros((4, 1), np.int64), np.zeros((4, 4), np.int64),
+                              scale_moving=np.full((1, 1), 127),
+                              scale_stationary=np.full((1, 4), 127))],
+         "scale_stationary: the build has no MX format"),
+        (MX64, [golden.Matmul(moving, None, fmt, **scales)],
+         "the first matmul of a program must load a stationary tile"),
+    ]
+    for cfg, program, message in cases:
+        with pytest.raises(ValueError, match=message):
+            golden.run(cfg, program)

@@ -50,7 +50,12 @@ class RaceChecker:
     * it *completes* (writes its results, then signals) in program order.
 
     Between a start and its completion any other engine may run, so a missing wait shows
-    as a read of a stale or a too-new value: outputs that change with the seed."""
+    as a read of a stale or a too-new value: outputs that change with the seed.
+
+    The float formats (MX included) compute with the kernels' numpy references: one
+    ``MATMUL`` is one K tile of ``reference_matmul_float`` (+0, then the products row by
+    row, MX scales from their SBUF partitions), accumulated in float32; the float
+    ``ACTIVATE`` is ``reference_activation_float``."""
 
     def __init__(self, program, seed, depth=6):
         self.cfg = cfg = program.config
@@ -111,8 +116,44 @@ class RaceChecker:
         start = (bank * self.cfg.psum_bank_entries + entry) * 4
         return start, start + 4 * n
 
+    def _elements(self, fmt, rows, offset, count):
+        """``count`` elements of ``fmt`` at ``offset`` of partitions ``0..rows-1``."""
+        size = fmt.bytes
+        codes = self.sbuf[:rows, offset:offset + count * size].copy()
+        return codes.view(FORMAT_DTYPES[fmt.element.name])
+
+    def _scales(self, fmt, rows, f, count):
+        """An MX instruction's scales: ``[ceil(rows / 32), count]`` bytes from
+        ``scale_offset`` of partitions ``0 ..``; ``None`` for the other formats."""
+        if not fmt.mx:
+            return None
+        blocks = -(-rows // numerics.MX_BLOCK)
+        return self.sbuf[:blocks, f["scale_offset"]:f["scale_offset"] + count].copy()
+
+    def _matmul_float(self, f, fmt):
+        cfg = self.cfg
+        values, scales, rows = self.stationary
+        n = f["n"]
+        moving = self._elements(fmt, rows, f["sbuf_offset"], n)
+        block_scales = None if scales is None else (scales, self._scales(fmt, rows, f, n))
+        out = np.zeros((cfg.pe_cols, n), np.float32)
+        out[:values.shape[1]] = kernels.reference_matmul_float(values, moving, kt_rows=rows,
+                                                               block_scales=block_scales)
+        b0, b1 = self._psum_entries(f["psum_bank"], f["psum_entry"], n)
+
+        def write():
+            total = out
+            if f["accumulate"]:
+                with np.errstate(all="ignore"):
+                    total = self.psum[:, b0:b1].copy().view("<f4") + out
+            self.psum[:, b0:b1] = total.astype("<f4").view(np.uint8)
+        return write
+
     def _matmul(self, f):
         cfg = self.cfg
+        fmt = numerics.format_of_code(f["format"])
+        if fmt.element is not None:
+            return self._matmul_float(f, fmt)
         n, offset = f["n"], f["sbuf_offset"]
         moving = self.sbuf[:cfg.pe_rows, offset:offset + n].view(np.int8).astype(np.int64)
         out = self.stationary.T @ moving
@@ -128,8 +169,27 @@ class RaceChecker:
             self.psum[:, b0:b1] = total.astype("<i4").view(np.uint8)
         return write
 
+    def _activate_float(self, f, fmt):
+        lanes, n = self.cfg.pe_cols, f["n"]
+        b0, b1 = self._psum_entries(f["psum_bank"], f["psum_entry"], n)
+        x = self.psum[:lanes, b0:b1].copy().view("<f4")
+        bias = (self.sbuf[:lanes, f["bias_offset"]:f["bias_offset"] + 4].copy().view("<f4")
+                .ravel() if f["bias"] else None)
+        scale = np.uint32(f["multiplier"] & 0xFFFFFFFF).view(np.float32)
+        y = kernels.reference_activation_float(x, scale=scale, bias=bias,
+                                               relu=f["function"] == 1, out=fmt.name)
+        data = np.ascontiguousarray(y).view(np.uint8)
+        offset = f["dst_offset"]
+
+        def write():
+            self.sbuf[:lanes, offset:offset + data.shape[1]] = data
+        return write
+
     def _activate(self, f):
         lanes, n = self.cfg.pe_cols, f["n"]
+        fmt = numerics.format_of_code(f["out_format"])
+        if fmt.element is not None:
+            return self._activate_float(f, fmt)
         if f["src"]:
             x = self.sbuf[:lanes, f["src_offset"]:f["src_offset"] + n].view(np.int8)
         else:
@@ -152,8 +212,13 @@ class RaceChecker:
         if opcode == isa.Opcode.DMA:
             return self._dma(f)
         if opcode == isa.Opcode.LOAD_STATIONARY:
-            tile = np.zeros((cfg.pe_rows, cfg.pe_cols), np.int64)
             rows, cols, offset = f["rows"], f["cols"], f["sbuf_offset"]
+            fmt = numerics.format_of_code(f["format"])
+            if fmt.element is not None:
+                self.stationary = (self._elements(fmt, rows, offset, cols),
+                                   self._scales(fmt, rows, f, cols), rows)
+                return lambda: None
+            tile = np.zeros((cfg.pe_rows, cfg.pe_cols), np.int64)
             tile[:rows, :cols] = self.sbuf[:rows, offset:offset + cols].view(np.int8)
             self.stationary = tile
         elif opcode == isa.Opcode.MATMUL:
@@ -207,7 +272,10 @@ def _race_free(program, expected, seeds=8):
     for seed in range(seeds):
         outputs = RaceChecker(program, seed).run()
         for name, value in expected.items():
-            assert np.array_equal(outputs[name], value), f"seed {seed}: {name} differs"
+            # Floats by their bytes: NaN equals NaN, -0 differs from +0.
+            same = (np.array_equal(outputs[name], value) if value.dtype.kind in "iu"
+                    else same_bits(outputs[name], value))
+            assert same, f"seed {seed}: {name} differs"
 
 
 def _without_waits(program, engine):
@@ -249,6 +317,14 @@ def test_docs_float_example_runs_on_golden():
     program, outputs, expected = scope["program"], scope["outputs"], scope["expected"]
     assert same_bits(outputs["y"], expected)
     assert program.opcode_counts["tensor"] == {"LOAD_STATIONARY": 1, "MATMUL": 1, "END": 1}
+
+
+def test_docs_mx_example_runs_on_golden():
+    scope = _docs_example("mx example")
+    program, outputs, expected = scope["program"], scope["outputs"], scope["expected"]
+    assert same_bits(outputs["c"], expected["c"])
+    assert np.isfinite(expected["c"]).all()
+    assert program.opcode_counts["tensor"]["LOAD_STATIONARY"] == 18 * 2   # K tiles x M tiles
 
 
 def test_handwritten_matmul_and_wait_placement():
@@ -340,7 +416,9 @@ def test_gemm_tiny(shape):
     _race_free(program, expected, seeds=3)
 
 
-FLOAT_FORMATS = numerics.float_formats(TINY)
+#: The float formats without block scales (the MX formats have their own tests below,
+#: whether or not tiny's dtypes name them).
+FLOAT_FORMATS = tuple(f for f in numerics.float_formats(TINY) if not numerics.data_format(f).mx)
 
 
 def _float32_matmul(a_t, b, kt_rows):
@@ -444,30 +522,34 @@ MX_FORMATS = ("mxfp8e4m3", "mxfp8e5m2")
 
 
 def _mx_config(base):
-    """``base`` with the MX formats: a golden-machine configuration (no hardware build has
-    them yet)."""
+    """``base`` with the MX formats (and int8, which every hardware build has)."""
     cfg = config.preset(base)
     dtypes = tuple(dict.fromkeys(("int8", *cfg.dtypes, *MX_FORMATS)))
     return cfg.replace(dtypes=dtypes, hbm_bytes=min(cfg.hbm_bytes, 1 << 24))
 
 
-def _mx_reference(a, b, sa, sb):
-    """The MX matmul with a plain loop (docs/numerics.md): per output ``+0``, then for each
-    k the exact product times ``2**(sa + sb - 254)`` (NaN when a scale is 255), rounded
-    once to float32, added in float32."""
+def _mx_reference(a, b, sa, sb, kt_rows=None):
+    """The MX matmul with a plain loop (docs/numerics.md): per output and per K tile of
+    ``kt_rows`` rows (default: one tile) ``+0``, then for each k the exact product times
+    ``2**(sa + sb - 254)`` (NaN when a scale is 255), rounded once to float32, added in
+    float32; the tiles' sums added in K order."""
     K, M = a.shape
     N = b.shape[1]
+    kt_rows = kt_rows or K
     out = np.zeros((M, N), np.float32)
     with np.errstate(all="ignore"):
         for m in range(M):
             for n in range(N):
-                acc = np.float32(0)
-                for k in range(K):
-                    s1, s2 = int(sa[k // 32, m]), int(sb[k // 32, n])
-                    scale = np.nan if 255 in (s1, s2) else 2.0 ** (s1 + s2 - 254)
-                    acc = np.float32(acc + np.float32(np.float64(a[k, m]) * np.float64(b[k, n])
-                                                      * scale))
-                out[m, n] = acc
+                total = None
+                for k0 in range(0, K, kt_rows):
+                    acc = np.float32(0)
+                    for k in range(k0, min(K, k0 + kt_rows)):
+                        s1, s2 = int(sa[k // 32, m]), int(sb[k // 32, n])
+                        scale = np.nan if 255 in (s1, s2) else 2.0 ** (s1 + s2 - 254)
+                        acc = np.float32(acc + np.float32(np.float64(a[k, m])
+                                                          * np.float64(b[k, n]) * scale))
+                    total = acc if total is None else np.float32(total + acc)
+                out[m, n] = total
     return out
 
 
@@ -504,9 +586,9 @@ def mx_matmul_kernel(cfg, fmt, K, M, N, rng):
 @pytest.mark.parametrize("base, K, M", [("tiny", 4, 4), ("trn3", 100, 5)],
                          ids=["tiny-one-block", "trn3-four-blocks"])
 def test_mx_matmul_on_the_golden_machine(fmt, base, K, M):
-    """The MX formats through the golden ISA machine (the hardware does not build them
-    yet): E8M0 scales per block of 32 rows, from SBUF partition b for block b; on trn3's
-    128-row array K = 100 takes three full blocks and a partial one."""
+    """The MX formats through the golden ISA machine: E8M0 scales per block of 32 rows,
+    from SBUF partition b for block b; on trn3's 128-row array K = 100 takes three full
+    blocks and a partial one."""
     cfg = _mx_config(base)
     program, expected = mx_matmul_kernel(cfg, fmt, K, M, 7, np.random.default_rng(K))
     c = expected["c"]
@@ -528,9 +610,236 @@ def test_mx_kernel_errors():
     k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3", scales=scales[:, 0:4])
     with pytest.raises(KernelError, match=r"scales=None: are required for mxfp8e4m3"):
         k.matmul(psum, tile[:, 4:8])
+    plain = TINY.replace(dtypes=("int8", "bf16", "fp8e4m3", "fp8e5m2"))
     with pytest.raises(KernelError, match=r"dtype='mxfp8e4m3': must be one of this build's "
                                           r"matmul formats: int8, bf16, fp8e4m3, fp8e5m2 "):
-        Kernel(TINY).load_stationary(Kernel(TINY).sbuf(4, 4), dtype="mxfp8e4m3")
+        Kernel(plain).load_stationary(Kernel(plain).sbuf(4, 4), dtype="mxfp8e4m3")
+
+
+# -- MX library kernels --------------------------------------------------------------------------
+
+
+def _mx_inputs(rng, fmt, shape, *, specials=False):
+    """FP8 elements of the MX format ``fmt``."""
+    return float_inputs(rng, shape, numerics.data_format(fmt).element.name, specials=specials)
+
+
+def _mx_scales(rng, rows, cols, spread=5):
+    """E8M0 codes ``[ceil(rows / 32), cols]`` from ``127 - spread`` to ``127 + spread``
+    (``2**-spread .. 2**spread``)."""
+    return rng.integers(127 - spread, 128 + spread, (-(-rows // 32), cols)).astype(np.uint8)
+
+
+def _canonical_out(c):
+    """What the identity ``ACTIVATE`` (``x * 1.0 + 0.0``) makes of FP32 sums: -0 is +0,
+    every NaN the canonical one."""
+    c = np.where(c == 0, np.float32(0), c)
+    return np.where(np.isnan(c), np.uint32(numerics.CANONICAL_NAN32).view(np.float32),
+                    c).astype(np.float32)
+
+
+def test_mx_tile_scales_relayout():
+    """The scales re-laid per K tile: Bt = ceil(R / 32) rows per K tile, block
+    (kt * R) // 32 + b in row kt * Bt + b, 127 past the last block."""
+    sa = np.arange(10 * 3, dtype=np.uint8).reshape(10, 3)       # K = 300: 10 blocks
+    tiled = kernels._tile_scales(sa[:3], 70, 4)                  # tiny: one block per tile
+    assert tiled.shape == (18, 3)
+    assert [int(r[0]) // 3 for r in tiled] == [0] * 8 + [1] * 8 + [2] * 2
+    tiled = kernels._tile_scales(sa, 300, 128)                   # trn3: 4 blocks per tile
+    assert tiled.shape == (12, 3)
+    assert same_bits(tiled[:10], sa) and (tiled[10:] == 127).all()
+    tiled = kernels._tile_scales(sa[:3], 70, 64)                 # 2 blocks per tile
+    assert same_bits(tiled, np.vstack([sa[:3], np.full((1, 3), 127, np.uint8)]))
+
+
+MX_GEMM_CASES = {   # (base, M, K, N)
+    # 3 blocks along K, 8 K tiles of 4 rows per block and a partial last one; 2 M tiles,
+    # 2 column blocks (a partial one).
+    "tiny-5x70x37": ("tiny", 5, 70, 37),
+    # 4 K tiles per block; 2 M tiles; 2 column blocks.
+    "small-9x70x40": ("small", 9, 70, 40),
+    # 4 blocks per K tile of 128 rows and a partial last tile of 2 blocks (44 rows), 2 M
+    # tiles (a partial one).
+    "trn3-130x300x20": ("trn3", 130, 300, 20),
+}
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("case", MX_GEMM_CASES)
+def test_mx_gemm_is_bit_exact(fmt, case):
+    """MX GEMMs on the golden machine equal the numpy reference and a plain loop bit for
+    bit (NaN, overflow, underflow and edge elements included), with scales re-laid per K
+    tile and fetched with the elements."""
+    base, M, K, N = MX_GEMM_CASES[case]
+    cfg = _mx_config(base)
+    rng = np.random.default_rng(M * 10000 + K * 100 + N + len(fmt))
+    a_t, b = _mx_inputs(rng, fmt, (K, M)), _mx_inputs(rng, fmt, (K, N), specials=True)
+    sa, sb = _mx_scales(rng, K, M), _mx_scales(rng, K, N)
+    sa[1, 0] = 255                        # E8M0 NaN: row 0 of C is NaN
+    sa[-1, 1], sb[-1, 2] = 254, 254       # C[1, 2]: 2**254 products overflow
+    sa[0, 2], sb[0, 3] = 0, 0             # C[2, 3]: products of 2**-254, subnormal or 0
+    program, expected = kernels.gemm(cfg, a_t, b, block_scales=(sa, sb))
+    assert set(program.inputs) == {"a_t", "b", "a_t_scales", "b_scales"}
+    c = expected["c"]
+    assert np.isnan(c[0]).all() and not np.isfinite(c[1, 2])
+    assert np.isfinite(c).mean() > 0.5
+    # The plain loop, on the output rows with special scales and the last ones.
+    rows = sorted({0, 1, 2, 3, M - 2, M - 1})
+    loop = _mx_reference(a_t[:, rows], b, sa[:, rows], sb, kt_rows=cfg.pe_rows)
+    assert same_bits(c[rows], _canonical_out(loop))
+    _check_golden(program, expected)
+    assert program.macs == M * K * N
+    if base == "tiny":
+        _race_free(program, expected, seeds=2)
+
+
+def test_mx_gemm_several_sbuf_passes():
+    """MX with K cut into parts (the scale slots count in the SBUF budget): each part's
+    scales come with its elements; the PSUM keeps accumulating in K order."""
+    cfg = _mx_config("tiny")
+    rng = np.random.default_rng(13)
+    M, K, N = 6, 300, 40
+    a_t, b = _mx_inputs(rng, "mxfp8e5m2", (K, M)), _mx_inputs(rng, "mxfp8e5m2", (K, N))
+    sa, sb = _mx_scales(rng, K, M), _mx_scales(rng, K, N)
+    program, expected = kernels.gemm(cfg, a_t, b, block_scales=(sa, sb))
+    assert np.isfinite(expected["c"]).all()
+    # B's scales are fetched per M tile and K part, not once per column block (2).
+    addr, shape, _ = program.inputs["b_scales"]
+    fetches = sum(1 for op, f in RaceChecker(program, 0).streams[isa.Engine.DMA]
+                  if op == isa.Opcode.DMA and f["src_space"] == 0
+                  and addr <= f["src_addr"] < addr + shape[0] * shape[1])
+    assert fetches >= 2 * 2 * 2
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=1)
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+def test_mx_gemm_bias_relu_is_bit_exact(fmt):
+    cfg = _mx_config("tiny")
+    rng = np.random.default_rng(14 + len(fmt))
+    M, K, N = 7, 45, 21
+    a_t, b = _mx_inputs(rng, fmt, (K, M)), _mx_inputs(rng, fmt, (K, N))
+    sa, sb = _mx_scales(rng, K, M), _mx_scales(rng, K, N)
+    sb[1, 4] = 255
+    bias = rng.standard_normal(M).astype(np.float32)
+    element = numerics.data_format(fmt).element.name
+    for out in (None, "fp32"):
+        program, expected = kernels.gemm_bias_relu(cfg, a_t, b, bias, scale=0.25, out=out,
+                                                   block_scales=(sa, sb))
+        y = expected["y"]
+        assert y.dtype == FORMAT_DTYPES[out or element]
+        acc = _mx_reference(a_t, b, sa, sb, kt_rows=cfg.pe_rows)
+        assert same_bits(y, kernels.reference_activation_float(acc, scale=0.25, bias=bias,
+                                                               relu=True, out=out or element))
+        values = y.astype(np.float32)
+        assert np.isnan(values[:, 4]).all() and (values == 0).any() and (values > 0).any()
+        _check_golden(program, expected)
+        _race_free(program, expected, seeds=2)
+
+
+MX_MLP_CASES = {    # (base, d_in, hidden, d_out, batch)
+    # Layer 1: 2 blocks along d_in, 8 K tiles each; layer 2: K tiles of 4 hidden rows.
+    "tiny": (_mx_config("tiny"), 40, 10, 5, 21),
+    # Layer 2's K tiles (pe_cols = 2 rows) narrower than layer 1's (4 rows).
+    "tiny-4x2": (_mx_config("tiny").replace(pe_cols=2), 36, 7, 3, 9),
+    # 4 blocks per K tile; hidden 150: layer 2 has a full K tile and a partial one.
+    "trn3": (_mx_config("trn3"), 100, 150, 20, 9),
+}
+
+
+@pytest.mark.parametrize("fmt", MX_FORMATS)
+@pytest.mark.parametrize("case", MX_MLP_CASES)
+def test_mx_mlp_is_bit_exact(fmt, case):
+    """The MX MLP: layer 1 with x_t's and w1's scales; the hidden activations, cast to
+    the FP8 element format, enter layer 2 with unit scales (127) against w2's."""
+    cfg, d_in, hidden, d_out, batch = MX_MLP_CASES[case]
+    rng = np.random.default_rng(15 + d_in + len(fmt))
+    x_t, w1 = _mx_inputs(rng, fmt, (d_in, batch)), _mx_inputs(rng, fmt, (d_in, hidden))
+    w2 = _mx_inputs(rng, fmt, (hidden, d_out))
+    b1 = rng.standard_normal(hidden).astype(np.float32)
+    b2 = rng.standard_normal(d_out).astype(np.float32)
+    # Scales that keep most sums within FP8 range (E4M3 overflows to NaN beyond 464).
+    s_x, s_w1, s_w2 = (_mx_scales(rng, d_in, batch, 3), _mx_scales(rng, d_in, hidden, 3),
+                       _mx_scales(rng, hidden, d_out, 3))
+    s_w2[-1, 1] = 255                     # out_t row 1 is NaN
+    element = numerics.data_format(fmt).element.name
+    program, expected = kernels.mlp(cfg, x_t, w1, b1, w2, b2, scales=(0.125, 1 / 64),
+                                    block_scales=(s_x, s_w1, s_w2))
+    assert {"x_t_scales", "w1_scales", "w2_scales", "h_scales"} <= set(program.inputs)
+    assert (program.read_inputs()["h_scales"] == 127).all()
+    y = expected["out_t"]
+    assert y.dtype == FORMAT_DTYPES[element]
+    if case != "trn3":
+        h = kernels.reference_activation_float(
+            _mx_reference(w1, x_t, s_w1, s_x, kt_rows=cfg.pe_rows), scale=0.125, bias=b1,
+            relu=True, out=element)
+        unit = np.full((-(-hidden // 32), batch), 127, np.uint8)
+        loop = kernels.reference_activation_float(
+            _mx_reference(w2, h, s_w2, unit, kt_rows=cfg.pe_cols), scale=1 / 64, bias=b2,
+            out=element)
+        assert same_bits(y, loop)
+    values = y.astype(np.float32)
+    assert np.isnan(values[1]).all() and np.isfinite(np.delete(values, 1, axis=0)).mean() > 0.8
+    _check_golden(program, expected)
+    if case == "tiny-4x2":
+        _race_free(program, expected, seeds=2)
+
+
+def test_mx_kernel_argument_errors():
+    cfg = _mx_config("tiny")
+    rng = np.random.default_rng(16)
+    a_t, b = _mx_inputs(rng, "mxfp8e4m3", (70, 5)), _mx_inputs(rng, "mxfp8e4m3", (70, 6))
+    sa, sb = _mx_scales(rng, 70, 5), _mx_scales(rng, 70, 6)
+    assert {"mxfp8e4m3", "mxfp8e5m2"} <= set(kernels.MATMUL_DTYPES)
+    with pytest.raises(KernelError, match=r"block_scales: given with a_t.dtype=int8 \(int8\): "
+                                          r"block scales make an MX format, whose elements are "
+                                          r"FP8: float8_e4m3fn \(mxfp8e4m3\) or float8_e5m2"):
+        kernels.gemm(cfg, _int8(rng, 70, 5), _int8(rng, 70, 6), block_scales=(sa, sb))
+    bf = float_inputs(rng, (70, 5), "bf16")
+    with pytest.raises(KernelError, match=r"block_scales: given with a_t.dtype=bfloat16 "
+                                          r"\(bf16\)"):
+        kernels.gemm_bias_relu(cfg, bf, bf, np.zeros(5, np.float32), block_scales=(sa, sa))
+    with pytest.raises(KernelError, match=r"block_scales=<array uint8 \(3, 5\)>: must be a "
+                                          r"tuple \(sa, sb\) of 2 uint8 arrays"):
+        kernels.gemm(cfg, a_t, b, block_scales=sa)
+    with pytest.raises(KernelError, match=r"block_scales\[0\] \(sa\).dtype=int64: must be "
+                                          r"uint8 \(E8M0 scale codes"):
+        kernels.gemm(cfg, a_t, b, block_scales=(sa.astype(np.int64), sb))
+    with pytest.raises(KernelError, match=r"block_scales\[1\] \(sb\).shape=\(2, 6\): must be "
+                                          r"\(3, 6\): one scale per block of 32 of the 70 rows "
+                                          r"of b and per column"):
+        kernels.gemm(cfg, a_t, b, block_scales=(sa, sb[:2]))
+    with pytest.raises(KernelError, match=r"b.dtype=float8_e5m2: must be float8_e4m3fn"):
+        kernels.gemm(cfg, a_t, b.astype(np.float32).astype(FORMAT_DTYPES["fp8e5m2"]),
+                     block_scales=(sa, sb))
+    with pytest.raises(KernelError, match=r"out='bf16': must be one of fp32, fp8e4m3 for "
+                                          r"mxfp8e4m3 inputs"):
+        kernels.gemm_bias_relu(cfg, a_t, b, np.zeros(5, np.float32), out="bf16",
+                               block_scales=(sa, sb))
+    with pytest.raises(KernelError, match=r"multiplier=1, shift=0: are for int8 inputs; "
+                                          r"mxfp8e4m3 takes scale"):
+        kernels.gemm_bias_relu(cfg, a_t, b, np.zeros(5, np.float32), multiplier=1, shift=0,
+                               block_scales=(sa, sb))
+    # A build without the MX formats refuses them by name.
+    plain = cfg.replace(dtypes=("int8", "fp8e4m3"))
+    with pytest.raises(KernelError, match=r"dtype='mxfp8e4m3': must be one of this build's "
+                                          r"matmul formats: int8, fp8e4m3 "):
+        kernels.gemm(plain, a_t, b, block_scales=(sa, sb))
+    x_t, w1, w2 = a_t[:, 0:4], a_t, b[0:5]
+    b1, b2 = np.zeros(5, np.float32), np.zeros(6, np.float32)
+    s_x, s_w1, s_w2 = _mx_scales(rng, 70, 4), sa, _mx_scales(rng, 5, 6)
+    with pytest.raises(KernelError, match=r"must be a tuple \(s_x, s_w1, s_w2\) of 3"):
+        kernels.mlp(cfg, x_t, w1, b1, w2, b2, block_scales=(s_x, s_w1))
+    with pytest.raises(KernelError, match=r"block_scales\[2\] \(s_w2\).shape=\(3, 6\): must "
+                                          r"be \(1, 6\): one scale per block of 32 of the 5 "
+                                          r"rows of w2"):
+        kernels.mlp(cfg, x_t, w1, b1, w2, b2, block_scales=(s_x, s_w1, sb))
+    with pytest.raises(KernelError, match=r"block_scales: given with x_t.dtype=int8"):
+        kernels.mlp(cfg, _int8(rng, 70, 4), _int8(rng, 70, 5), np.zeros(5, np.int32),
+                    _int8(rng, 5, 6), np.zeros(6, np.int32), requant=((1, 0), (1, 0)),
+                    block_scales=(s_x, s_w1, s_w2))
+    program, _ = kernels.mlp(cfg, x_t, w1, b1, w2, b2, block_scales=(s_x, s_w1, s_w2))
+    assert program.outputs["out_t"][2] == "float8_e4m3fn"
 
 
 def test_float_kernel_errors():
@@ -664,11 +973,18 @@ def test_mlp(out):
     _race_free(program, expected, seeds=3)
 
 
-def test_race_checker_catches_missing_waits():
+@pytest.mark.parametrize("fmt", ["int8", "mxfp8e4m3"])
+def test_race_checker_catches_missing_waits(fmt):
     """The checker is not blind: with the waits of one stream removed, some interleaving
-    gives different outputs (or reads stale data)."""
+    gives different outputs (or reads stale data); in int8 and in an MX format (its float
+    model, and the scale slots)."""
     rng = np.random.default_rng(9)
-    program, expected = kernels.gemm(TINY, _int8(rng, 9, 6), _int8(rng, 9, 35))
+    if fmt == "int8":
+        program, expected = kernels.gemm(TINY, _int8(rng, 9, 6), _int8(rng, 9, 35))
+    else:
+        a_t, b = _mx_inputs(rng, fmt, (40, 6)), _mx_inputs(rng, fmt, (40, 35))
+        program, expected = kernels.gemm(_mx_config("tiny"), a_t, b, block_scales=(
+            _mx_scales(rng, 40, 6), _mx_scales(rng, 40, 35)))
     _race_free(program, expected, seeds=4)
     for engine in isa.Engine:
         broken = _without_waits(program, engine)
@@ -679,7 +995,7 @@ def test_race_checker_catches_missing_waits():
             except AssertionError:
                 caught = True
                 break
-            if not np.array_equal(outputs["c"], expected["c"]):
+            if not same_bits(outputs["c"], expected["c"]):
                 caught = True
                 break
         assert caught, f"waits of engine {engine.name} removed, no seed noticed"

@@ -1,35 +1,45 @@
 """The processing element on Amaranth's own simulator, against the golden ``mac`` (int8) and
-``mac_float`` (BF16, FP8), bit for bit."""
+``mac_float`` (BF16, FP8, MXFP8 with its E8M0 scales), bit for bit."""
 
 import random
 
 import numpy as np
 import pytest
-from amaranth.hdl import Fragment
+from amaranth.hdl import Fragment, Shape, unsigned
 from amaranth.sim import Simulator
 
 from opentrn import numerics
 from opentrn.golden.processing_element import mac, mac_float
 from opentrn.hdl.processing_element import ProcessingElement
 from opentrn.sim.tb_fp_adder import SPECIAL_CODES
-from opentrn.sim.tb_fp_multiplier import random_operands, special_codes
+from opentrn.sim.tb_fp_multiplier import random_operands, random_scales, special_codes
 
 FLOATS = ("bf16", "fp8e4m3", "fp8e5m2")
 ALL = ("int8", *FLOATS)
+MX = ("mxfp8e4m3", "mxfp8e5m2")
+ALL_MX = (*ALL, *MX)
+#: E8M0 codes at the edges: the smallest, 1, 2**0, the largest, the NaN.
+EDGE_SCALES = (0, 1, 127, 254, 255)
+
+
+def _outputs(dut):
+    """The registered outputs of ``dut`` (``x_scale_out`` last, in an MX build)."""
+    ports = [dut.psum_out, dut.x_out, dut.bank_out, dut.format_out]
+    return ports + ([dut.x_scale_out] if hasattr(dut, "x_scale_out") else [])
 
 
 def _run(dut, steps, bench_step):
     """Drive ``steps`` random cycles through ``bench_step(ctx, state)`` (returns the expected
     registered outputs) and check them after every clock edge."""
     checked = []
+    outputs = _outputs(dut)
 
     async def bench(ctx):
-        state = {"weights": [0, 0], "out": (0, 0, 0, 0)}
+        state = {"weights": [0, 0], "scales": [0, 0], "out": (0,) * len(outputs)}
         for step in range(steps):
             bench_step(ctx, state, step)
             await ctx.tick()
-            got = (ctx.get(dut.psum_out), ctx.get(dut.x_out), ctx.get(dut.bank_out),
-                   ctx.get(dut.format_out))
+            got = tuple(ctx.get(port) for port in outputs)
             assert got == state["out"], (step, got, state["out"])
             checked.append(state["out"][0])
 
@@ -40,19 +50,33 @@ def _run(dut, steps, bench_step):
     return checked
 
 
-def _drive(ctx, dut, state, rng, *, x, psum, fmt):
+def _drive(ctx, dut, state, rng, *, x, psum, fmt, x_scale=None):
     """Set the inputs (a random bank, enable and weight write), and update ``state`` with
-    what the PE registers at the clock edge; the expected sum comes from ``state['mac']``."""
+    what the PE registers at the clock edge; the expected sum comes from ``state['mac']``
+    (called with the weight's scale and ``x_scale`` in an MX build). In an MX build the
+    weight written comes with the scale ``state['next_scale']()``."""
     bank, enable, write = rng.randint(0, 1), rng.random() < 0.8, rng.random() < 0.3
     wbank, wdata = rng.randint(0, 1), state["next_weight"]()
-    for port, value in ((dut.x_in, x), (dut.psum_in, psum), (dut.bank_in, bank),
-                        (dut.format_in, fmt), (dut.enable, enable), (dut.weight_we, write),
-                        (dut.weight_bank, wbank), (dut.weight_data, wdata)):
+    ports = [(dut.x_in, x), (dut.psum_in, psum), (dut.bank_in, bank), (dut.format_in, fmt),
+             (dut.enable, enable), (dut.weight_we, write), (dut.weight_bank, wbank),
+             (dut.weight_data, wdata)]
+    mx = x_scale is not None
+    if mx:
+        wscale = state["next_scale"]()
+        ports += [(dut.x_scale_in, x_scale), (dut.weight_scale, wscale)]
+    for port, value in ports:
         ctx.set(port, value)
     if enable:
-        state["out"] = (state["mac"](psum, x, state["weights"][bank], fmt), x, bank, fmt)
+        if mx:
+            total = state["mac"](psum, x, state["weights"][bank], fmt,
+                                 state["scales"][bank], x_scale)
+            state["out"] = (total, x, bank, fmt, x_scale)
+        else:
+            state["out"] = (state["mac"](psum, x, state["weights"][bank], fmt), x, bank, fmt)
     if write:
         state["weights"][wbank] = wdata
+        if mx:
+            state["scales"][wbank] = wscale
 
 
 def _sext(bits):
@@ -172,6 +196,182 @@ def test_float_specials_exhaustive_products(fmt):
     sim.run()
 
 
+def _mx_operands(rng, fmt, n):
+    """``n`` (x, weight, psum, x_scale, weight_scale) of the MX format ``fmt``: the
+    operands of :func:`_float_operands` (its element format's corners), the scales from the
+    multiplier testbench's corner generator (subnormal ties, underflow, overflow, 255,
+    unscaled) or, one in three, edge scales (0, 1, 127, 254, 255) each."""
+    element = numerics.data_format(fmt).element
+    triples = _float_operands(rng, element.name, n)
+    x, w, _ = (np.array(column, np.int64) for column in zip(*triples, strict=True))
+    scale_w, scale_x = random_scales(fmt, rng, w, x)
+    edge = rng.random(n) < 1 / 3
+    scale_w = np.where(edge, rng.choice(EDGE_SCALES, n), scale_w)
+    scale_x = np.where(edge, rng.choice(EDGE_SCALES, n), scale_x)
+    # One psum in twenty -0: with a product that underflows to -0, the sum is -0.
+    psum = np.where(rng.random(n) < 0.05, 0x8000_0000, [psum for _, _, psum in triples])
+    return [(int(x), int(w), int(p), int(sx), int(sw))
+            for x, w, p, sx, sw in zip(x, w, psum, scale_x, scale_w, strict=True)]
+
+
+@pytest.mark.parametrize("fmt", MX)
+def test_mx_mac(fmt):
+    """An MX format: ``fp_add32(psum, fp_mul(weight, x) * 2**(sw + sx - 254))``, bit for
+    bit, with the corner operands and scales; ``sw`` is the scale written with the weight
+    into its bank (the two banks hold different ones), ``sx`` the one that comes with
+    ``x`` and leaves with it (``x_scale_out``). int8, BF16 and FP8 elements are
+    interleaved: they ignore both scales."""
+    dut = ProcessingElement(in_bits=16, acc_bits=32, formats=ALL_MX)
+    rng = random.Random(7)
+    nrng = np.random.default_rng(list(fmt.encode()))
+    code = numerics.data_format(fmt).code
+    width = numerics.data_format(fmt).element.bits
+    mask = (1 << width) - 1
+    operands = _mx_operands(nrng, fmt, 800)
+    high = (1 << 16) - (1 << width)           # bits above the format's width
+    others = {name: _float_operands(nrng, name, 800) for name in FLOATS}
+    seen = {"formats": set(), "scales": set()}
+
+    def expected(psum, x, w, f, scale_w, scale_x):
+        psum &= 0xFFFF_FFFF
+        seen["formats"].add(f)
+        if f == 0:
+            return int(mac(_as_signed32(psum), _sext(x), _sext(w), 32))
+        name = numerics.format_of_code(f).name
+        if name in MX:
+            seen["scales"] |= {scale_w, scale_x}
+            return _as_signed32(int(mac_float(psum, x & mask, w & mask, name,
+                                              scale_weight=scale_w, scale_x=scale_x)))
+        bits = (1 << numerics.data_format(name).element.bits) - 1
+        return _as_signed32(int(mac_float(psum, x & bits, w & bits, name)))
+
+    def step(ctx, state, index):
+        x, w, psum, scale_x, _ = operands[index]
+        # The weight (and its scale) written now is used by later elements: the next
+        # operands' weight.
+        upcoming = operands[min(index + 1, len(operands) - 1)]
+        state["next_weight"] = lambda: upcoming[1] | (rng.randrange(1 << 16) & high)
+        state["next_scale"] = lambda: upcoming[4]
+        state["mac"] = expected
+        roll = rng.random()
+        if roll < 0.1:
+            x, f = rng.randrange(1 << 16), 0
+        elif roll < 0.25:
+            name = rng.choice(FLOATS)
+            x, _, psum = others[name][index]
+            f = numerics.data_format(name).code
+        else:
+            f = code
+        _drive(ctx, dut, state, rng, x=x, psum=_as_signed32(psum), fmt=f,
+               x_scale=rng.choice(EDGE_SCALES) if f != code and roll < 0.2 else scale_x)
+
+    checked = _run(dut, len(operands), step)
+    codes = [value & 0xFFFF_FFFF for value in checked]
+    assert seen["formats"] == {numerics.data_format(name).code for name in ALL + (fmt,)}
+    assert set(EDGE_SCALES) <= seen["scales"]
+    # The specials came out: NaN, both infinities, both zeros, FP32 subnormals.
+    assert numerics.CANONICAL_NAN32 in codes
+    assert {0x7F800000, 0xFF800000, 0, 0x80000000} <= set(codes)
+    assert any(0 < code & 0x7FFF_FFFF < 0x0080_0000 for code in codes)
+
+
+@pytest.mark.parametrize("fmt", MX)
+def test_mx_specials_exhaustive_products(fmt):
+    """Every pair of the element format's edge codes, each with the pairs of edge scales
+    (0, 1, 127, 254, 255) in turn and psum +0, -0 or +inf, through the PE: the weight in
+    one bank, the other bank holding another weight and scale."""
+    dut = ProcessingElement(in_bits=16, acc_bits=32, formats=ALL_MX)
+    edge = special_codes(numerics.data_format(fmt).element).tolist()
+    scale_pairs = [(sw, sx) for sw in EDGE_SCALES for sx in EDGE_SCALES]
+    cases = [(x, w, *scale_pairs[index % len(scale_pairs)], (0, 0x80000000, 0x7F800000)[index % 3])
+             for index, (x, w) in enumerate((x, w) for x in edge for w in edge)]
+    code = numerics.data_format(fmt).code
+    one = int(numerics.to_bits(np.float32(1.0), numerics.data_format(fmt).element))
+    results = set()
+
+    async def bench(ctx):
+        ctx.set(dut.enable, 1)
+        for index, (x, w, scale_w, scale_x, psum) in enumerate(cases):
+            bank = index % 2
+            # The other bank: 1.0 with a scale that changes every product it would meet.
+            ctx.set(dut.weight_we, 1)
+            ctx.set(dut.weight_bank, 1 - bank)
+            ctx.set(dut.weight_data, one)
+            ctx.set(dut.weight_scale, (scale_w + 3) % 255)
+            await ctx.tick()
+            ctx.set(dut.weight_bank, bank)
+            ctx.set(dut.weight_data, w)
+            ctx.set(dut.weight_scale, scale_w)
+            await ctx.tick()
+            ctx.set(dut.weight_we, 0)
+            ctx.set(dut.x_in, x)
+            ctx.set(dut.x_scale_in, scale_x)
+            ctx.set(dut.bank_in, bank)
+            ctx.set(dut.format_in, code)
+            ctx.set(dut.psum_in, _as_signed32(psum))
+            await ctx.tick()
+            want = int(mac_float(psum, x, w, fmt, scale_weight=scale_w, scale_x=scale_x))
+            got = ctx.get(dut.psum_out) & 0xFFFF_FFFF
+            assert got == want, (hex(x), hex(w), scale_w, scale_x, hex(psum), hex(got))
+            assert ctx.get(dut.x_scale_out) == scale_x
+            results.add(got)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(cases) == len(edge) ** 2
+    assert {numerics.CANONICAL_NAN32, 0x7F800000, 0xFF800000, 0, 0x80000000} <= results
+
+
+def test_mx_banks_keep_their_scales():
+    """Directed, per MX format: both banks hold 1.0, with scales 127 and 130; elements of
+    1.0 alternate between the banks with scales 127, 1 and 254, an int8 element between
+    them (its scale, 255, ignored); then the E8M0 NaN and a zero. Each product is exactly
+    ``2**(sw + sx - 254)`` (``2**-126``, the smallest normal, down to it; ``2**130``
+    overflows to infinity)."""
+    dut = ProcessingElement(in_bits=16, acc_bits=32, formats=ALL_MX)
+    fp32 = lambda value: int(numerics.to_bits(value, "fp32"))  # noqa: E731
+    bank_scales = (127, 130)
+
+    async def bench(ctx):
+        ctx.set(dut.enable, 1)
+        ctx.set(dut.psum_in, 0)
+        for fmt in MX:
+            one = int(numerics.to_bits(1.0, numerics.data_format(fmt).element))
+            code = numerics.data_format(fmt).code
+            ctx.set(dut.weight_we, 1)
+            for bank, scale in enumerate(bank_scales):
+                ctx.set(dut.weight_bank, bank)
+                ctx.set(dut.weight_data, one)
+                ctx.set(dut.weight_scale, scale)
+                await ctx.tick()
+            ctx.set(dut.weight_we, 0)
+            steps = []                      # (x, format, bank, x_scale, expected psum_out)
+            for scale_x in (127, 1, 254):
+                for bank, scale_w in enumerate(bank_scales):
+                    steps.append((one, code, bank, scale_x,
+                                  fp32(2.0 ** (scale_w + scale_x - 254))))
+                steps.append((3, 0, 1, 255, 3 * one))       # int8: 3 * sext(one)
+            steps += [(one, code, 0, 255, numerics.CANONICAL_NAN32),
+                      (0, code, 1, 0, 0)]                   # +0 * 2**-124
+            for x, fmt_code, bank, scale_x, want in steps:
+                ctx.set(dut.x_in, x)
+                ctx.set(dut.format_in, fmt_code)
+                ctx.set(dut.bank_in, bank)
+                ctx.set(dut.x_scale_in, scale_x)
+                await ctx.tick()
+                assert (ctx.get(dut.psum_out) & 0xFFFF_FFFF, ctx.get(dut.x_scale_out)) == \
+                    (want, scale_x), (fmt, x, fmt_code, bank, scale_x)
+
+    assert int(numerics.to_bits(2.0 ** -126, "fp32")) == 0x0080_0000
+    assert int(numerics.to_bits(2.0 ** 130, "fp32")) == 0x7F80_0000
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+
+
 def _submodules(dut):
     """The names of the submodules ``dut`` elaborates into."""
     return sorted(name for _, name, _ in Fragment.get(dut, None).subfragments)
@@ -186,11 +386,30 @@ def test_int8_only_build_has_no_float_units():
     assert _submodules(dut) == ["adder", "multiplier"]
 
 
+def test_scale_ports_only_with_an_mx_format():
+    """The E8M0 scale ports exist only in a build with an MX format."""
+    scale_ports = {"x_scale_in", "x_scale_out", "weight_scale"}
+    for formats, in_bits in ((("int8",), 8), (ALL, 16), (("int8", "fp8e4m3"), 8)):
+        dut = ProcessingElement(in_bits=in_bits, acc_bits=32, formats=formats)
+        assert not set(dut.signature.members) & scale_ports, formats
+        Fragment.get(dut, None)          # elaborated: not an unused elaboratable
+    for formats in (("int8", "mxfp8e4m3"), ("int8", "mxfp8e5m2"), ALL_MX):
+        dut = ProcessingElement(in_bits=16, acc_bits=32, formats=formats)
+        assert scale_ports <= set(dut.signature.members)
+        assert [dut.signature.members[name].flow.name for name in sorted(scale_ports)] == \
+            ["In", "In", "Out"]
+        assert all(Shape.cast(dut.signature.members[name].shape) == unsigned(8)
+                   for name in scale_ports)
+        assert _submodules(dut) == ["adder", "multiplier"]
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"formats": "int8"}, TypeError, r"formats='int8': must be a non-empty tuple"),
     ({"formats": ()}, TypeError, r"formats=\(\): must be a non-empty tuple"),
-    ({"formats": ("int8", "mxfp8e4m3")}, ValueError,
-     r"formats: 'mxfp8e4m3' is not a format the PE implements"),
+    ({"formats": ("int8", "fp32")}, ValueError,
+     r"formats: 'fp32' is not a format the PE implements"),
+    ({"formats": ("int8", "mxfp8e4m3"), "acc_bits": 16}, ValueError,
+     r"acc_bits=16: must be 32 \(FP32 sums\) with the float format mxfp8e4m3"),
     ({"formats": ("int8", "int8")}, ValueError, "names a format more than once"),
     ({"formats": ("bf16",), "in_bits": 16}, ValueError, "must include int8"),
     ({"formats": ("int8", "bf16")}, ValueError, r"in_bits=8: must be at least 16"),

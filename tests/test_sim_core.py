@@ -52,7 +52,8 @@ def _float_kernel_jobs(cfg):
     ``cfg``, with edge values among the inputs."""
     rng = np.random.default_rng(12)
     jobs = []
-    for fmt in numerics.float_formats(cfg):
+    for fmt in (name for name in numerics.float_formats(cfg)
+                if not numerics.data_format(name).mx):
         # Edge values in one operand each: an infinity or NaN spreads along its row or
         # column, so most results stay finite (rounding, subnormals, cancellation).
         a = float_inputs(rng, (7, 13), fmt)
@@ -64,16 +65,62 @@ def _float_kernel_jobs(cfg):
         bias = rng.standard_normal(9).astype(np.float32)
         program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, scale=0.375)
         jobs.append((f"{fmt} gemm+bias+relu 9x6x35", program, expected))
-        batch, d_in, hidden, d_out = 10, 9, 12, 5
-        program, expected = kernels.mlp(
-            cfg, float_inputs(rng, (d_in, batch), fmt, specials=False),
-            float_inputs(rng, (d_in, hidden), fmt, specials=False),
-            rng.standard_normal(hidden).astype(np.float32),
-            float_inputs(rng, (hidden, d_out), fmt, specials=False),
-            rng.standard_normal(d_out).astype(np.float32), scales=(0.5, 2.0),
-            out="fp32" if fmt == "bf16" else fmt)
-        jobs.append((f"{fmt} mlp 10x9x12x5", program, expected))
+        jobs.append(_mlp_job(cfg, rng, fmt, out="fp32" if fmt == "bf16" else fmt))
     jobs.append(("bf16 inf and NaN just outside the tile", *outside_the_tile_kernel(cfg)))
+    return jobs + _mx_kernel_jobs(cfg, rng)
+
+
+def _mlp_job(cfg, rng, fmt, **options):
+    """The MLP 10x9x12x5 in the float format ``fmt`` (scales 0.5 and 2.0); in an MX format
+    with block scales ``2**-2 .. 2**2``: ``(label, program, expected)``."""
+    element = numerics.data_format(fmt).element.name
+    batch, d_in, hidden, d_out = 10, 9, 12, 5
+    x_t, w1 = (float_inputs(rng, shape, element, specials=False)
+               for shape in ((d_in, batch), (d_in, hidden)))
+    b1 = rng.standard_normal(hidden).astype(np.float32)
+    w2 = float_inputs(rng, (hidden, d_out), element, specials=False)
+    b2 = rng.standard_normal(d_out).astype(np.float32)
+    if numerics.data_format(fmt).mx:
+        options["block_scales"] = (_mx_scales(rng, d_in, batch, 2),
+                                   _mx_scales(rng, d_in, hidden, 2),
+                                   _mx_scales(rng, hidden, d_out, 2))
+    program, expected = kernels.mlp(cfg, x_t, w1, b1, w2, b2, scales=(0.5, 2.0), **options)
+    return f"{fmt} mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
+
+
+def _mx_scales(rng, rows, cols, spread=5):
+    """E8M0 codes ``[ceil(rows / 32), cols]``, ``2**-spread .. 2**spread``."""
+    return rng.integers(127 - spread, 128 + spread, (-(-rows // 32), cols)).astype(np.uint8)
+
+
+def _mx_kernel_jobs(cfg, rng):
+    """The library kernels in the MX formats of ``cfg`` (one kernel per format and kind,
+    to keep the simulation short): a GEMM whose K spans two blocks of 32 (8 K tiles of the
+    4-row array share one block's scales) with NaN, overflowing and underflowing scales,
+    GEMM + bias + relu, and the MLP (its hidden layer enters layer 2 with unit scales)."""
+    formats = [name for name in numerics.float_formats(cfg) if numerics.data_format(name).mx]
+    jobs = []
+    for i, fmt in enumerate(formats):
+        element = numerics.data_format(fmt).element.name
+        if i % 2 == 0:
+            M, K, N = 7, 40, 9
+            a = float_inputs(rng, (M, K), element, specials=False)
+            b = float_inputs(rng, (K, N), element)
+            sa, sb = _mx_scales(rng, K, M), _mx_scales(rng, K, N)
+            sa[1, 0] = 255                        # E8M0 NaN: row 0 of C is NaN
+            sa[0, 1], sb[0, 2] = 254, 254         # overflow
+            sa[1, 2], sb[1, 3] = 0, 0             # subnormal or zero products
+            program, expected = kernels.gemm(cfg, a.T.copy(), b, block_scales=(sa, sb))
+            assert np.isnan(expected["c"][0]).all()
+            jobs.append((f"{fmt} gemm {M}x{K}x{N}", program, expected))
+        if i % 2 == 1 or len(formats) == 1:
+            a = float_inputs(rng, (9, 6), element, specials=False)
+            b = float_inputs(rng, (6, 35), element)
+            program, expected = kernels.gemm_bias_relu(
+                cfg, a.T.copy(), b, rng.standard_normal(9).astype(np.float32), scale=0.375,
+                block_scales=(_mx_scales(rng, 6, 9), _mx_scales(rng, 6, 35)))
+            jobs.append((f"{fmt} gemm+bias+relu 9x6x35", program, expected))
+        jobs.append(_mlp_job(cfg, rng, fmt))
     return jobs
 
 
@@ -92,6 +139,28 @@ def _image(streams, *, size=16384, pointers=None):
 
 
 END = encode(Opcode.END)
+
+
+def _mx_fault_jobs(cfg):
+    """The MX formats' rules: scales must lie in the SBUF; a matmul takes its tile's
+    format (MX or not)."""
+    if not any(numerics.data_format(name).mx for name in cfg.dtypes):
+        return []
+    mx = numerics.data_format("mxfp8e4m3").code
+    load_mx = encode(Opcode.LOAD_STATIONARY, rows=cfg.pe_rows, cols=cfg.pe_cols, format=mx,
+                     scale_offset=8)
+    sbuf_bytes = cfg.sbuf_bytes_per_partition
+    return [
+        ("MX load scales past the SBUF", _image((END, _stream(encode(
+            Opcode.LOAD_STATIONARY, rows=1, cols=2, format=mx, scale_offset=sbuf_bytes - 1),
+            END), END)), Fault.OUT_OF_RANGE),
+        ("MX matmul scales past the SBUF", _image((END, _stream(load_mx, encode(
+            Opcode.MATMUL, n=3, format=mx, scale_offset=sbuf_bytes - 2), END), END)),
+         Fault.OUT_OF_RANGE),
+        ("fp8 matmul on an MX tile", _image((END, _stream(load_mx, encode(
+            Opcode.MATMUL, n=1, format=numerics.data_format("fp8e4m3").code), END), END)),
+         Fault.BAD_FIELD),
+    ]
 
 
 def _fault_jobs(cfg):
@@ -156,8 +225,8 @@ def _fault_jobs(cfg):
         load_bf16 = encode(Opcode.LOAD_STATIONARY, rows=cfg.pe_rows, cols=cfg.pe_cols,
                            format=bf16)
         jobs += [
-            ("matmul in an MX format (not built)", _image((END, _stream(
-                load, encode(Opcode.MATMUL, n=1, format=4), END), END)), Fault.ILLEGAL_OPCODE),
+            ("matmul in int32 (not an input format)", _image((END, _stream(
+                load, encode(Opcode.MATMUL, n=1, format=7), END), END)), Fault.ILLEGAL_OPCODE),
             ("load in fp32 (not an input format)", _image((END, _stream(encode(
                 Opcode.LOAD_STATIONARY, rows=1, cols=1, format=6), END), END)),
              Fault.ILLEGAL_OPCODE),
@@ -169,6 +238,7 @@ def _fault_jobs(cfg):
             ("bf16 moving columns past the SBUF", _image((END, _stream(load_bf16, encode(
                 Opcode.MATMUL, n=2, format=bf16, sbuf_offset=sbuf_bytes - 2), END), END)),
              Fault.OUT_OF_RANGE),
+            *_mx_fault_jobs(cfg),
             ("activation to an MX format", _image((END, END, _stream(encode(
                 Opcode.ACTIVATE, n=1, out_format=4), END))), Fault.ILLEGAL_OPCODE),
             ("float activation from the SBUF", _image((END, END, _stream(encode(

@@ -1,7 +1,8 @@
 """The tensor engine RTL under cocotb on both simulators: every result beat bit-exact
 against the golden model, and cycle-exact against the documented formulas; on tiny (the
-build with BF16 and FP8) also float matmuls with edge values and every format interleaved
-on shared tiles."""
+build with BF16, FP8 and MXFP8) also float matmuls with edge values and random MX scales,
+and every format interleaved on shared tiles; on a 64-row build (two MX blocks), a short
+program whose results depend on each block's own scales."""
 
 import numpy as np
 import pytest
@@ -9,10 +10,11 @@ from vcdvcd import VCDVCD
 
 from opentrn import numerics
 from opentrn.golden import tensor_engine as golden
+from opentrn.hdl.tensor_engine import mx_blocks
 from opentrn.sim import runner, wave
-from opentrn.sim.tb_tensor_engine import directed_program
+from opentrn.sim.tb_tensor_engine import EDGE_SCALES, directed_program
 
-from .conftest import SIM_BUILDS, require_simulator, sim_runs
+from .conftest import MX_BUILDS, SIM_BUILDS, require_simulator, sim_runs
 
 CASES_PER_RANDOM_TEST = 100
 
@@ -29,6 +31,9 @@ def test_tensor_engine(sim, build, tmp_path):
     assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
     records = {record["test"]: record for record in result.reports}
     floats = numerics.float_formats(cfg)
+    if build == "tiny":
+        # tiny builds every format: MX, with one block of scales, included.
+        assert floats and mx_blocks(cfg) == 1
     assert set(records) == {"extremes", "random_workload", "random_backpressure",
                             "back_to_back", "back_to_back_reused",
                             *(["float_random", "mixed_formats"] if floats else [])}
@@ -49,6 +54,15 @@ def test_tensor_engine(sim, build, tmp_path):
         # The specials came out of the array: NaN, infinities, zeros, FP32 subnormals.
         for classes in float_random["float_results"], mixed["float_results"]:
             assert all(count > 0 for count in classes.values()), classes
+    if mx_blocks(cfg):
+        for record in records["float_random"], records["mixed_formats"]:
+            # MX matmuls met every edge scale (255, 0, 254, 127, 1) and gave every class of
+            # result (NaN, infinities, zeros, FP32 subnormals) on their own.
+            assert {numerics.data_format(name).mx for name in record["formats"]} == \
+                {False, True}
+            assert set(record["mx_scales"]) == {str(code) for code in EDGE_SCALES}
+            assert all(count > 0 for count in record["mx_scales"].values()), record
+            assert all(count > 0 for count in record["mx_results"].values()), record
 
     if vcd is not None:
         # The VCD is real: vcdvcd reads it, and the handshakes in it add up to the beats.
@@ -72,3 +86,27 @@ def test_acc16_build_really_wraps():
         exact = tile.T.astype(np.int64) @ op.moving
         wrapped += int(np.sum(golden.matmul(cfg, tile, op.moving) != exact))
     assert wrapped > 0
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("build, sim", sim_runs(MX_BUILDS))
+def test_tensor_engine_mx_blocks(sim, build):
+    """Two MX blocks: the short program of ``test_mx_blocks`` (every block's scales
+    distinct, MX vectors around int8 ones), bit-exact and cycle-exact; and it is a test of
+    the blocks: more than half of its result beats would differ if every row took block 0's
+    stationary scales, or block 0's moving scales, or (past block 0) the previous vector's
+    scales."""
+    require_simulator(sim)
+    cfg = MX_BUILDS[build]
+    assert mx_blocks(cfg) == 2
+    result = runner.run(cfg, "opentrn.sim.tb_tensor_engine", "tensor_engine", sim,
+                        testcase="test_mx_blocks", env={"OPENTRN_SEED": 11})
+    assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
+    assert [record["test"] for record in result.reports] == ["mx_blocks"]
+    record = result.reports[0]
+    assert record["mismatches"] == 0 and record["cycle_mismatches"] == 0
+    assert record["cycles_checked"]
+    assert record["formats"] == ["int8", "mxfp8e4m3"]
+    assert set(record["block_sensitivity"]) == {"stationary", "moving", "skew"}
+    for count in record["block_sensitivity"].values():
+        assert count > record["beats"] // 2, record

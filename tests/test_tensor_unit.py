@@ -18,11 +18,13 @@ from opentrn.hdl import psum as hdl_psum
 from opentrn.hdl.tensor_unit import TensorUnit
 from opentrn.sim.streams import PayloadCodec
 
+from .conftest import MX_BUILDS
+
 TINY = config.preset("tiny")
 SMALL = config.preset("small")
 TINY_INT8 = TINY.replace(dtypes=("int8",))
 LOAD, MATMUL = isa.Opcode.LOAD_STATIONARY, isa.Opcode.MATMUL
-CODE = {name: numerics.data_format(name).code for name in numerics.HARDWARE_TENSOR_FORMATS}
+CODE = {name: numerics.data_format(name).code for name in numerics.TENSOR_FORMATS}
 
 
 def _word(opcode, **fields):
@@ -35,6 +37,16 @@ def _elements(image, offset, count, fmt):
     size = fmt.bytes
     raw = image[:, offset:offset + count * size].astype(np.int64)
     return sum(raw[:, byte::size] << (8 * byte) for byte in range(size))
+
+
+def _scales(cfg, image, rows, offset, count):
+    """An MX operand's E8M0 scales ``[blocks, count]`` (docs/isa.md): block ``b``'s from
+    partition ``b`` at ``offset`` for the blocks of the tile's ``rows``, 127 past them."""
+    blocks = -(-cfg.pe_rows // numerics.MX_BLOCK)
+    scales = np.full((blocks, count), numerics.E8M0_BIAS, dtype=np.int64)
+    used = -(-rows // numerics.MX_BLOCK)
+    scales[:used] = image[:used, offset:offset + count]
+    return scales
 
 
 def _reference(cfg, image, program):
@@ -50,13 +62,21 @@ def _reference(cfg, image, program):
             tile[:f["rows"], :f["cols"]] = _elements(image, off, f["cols"], fmt)[:f["rows"]]
             tile_macs = f["rows"] * f["cols"]
             rows, cols = f["rows"], f["cols"]
+            if fmt.mx:
+                tile_scales = _scales(cfg, image, rows, f["scale_offset"], m_cols)
+                tile_scales[:, cols:] = numerics.E8M0_BIAS
         else:
             assert f.get("format", 0) == fmt.code
             # Outside the tile nothing contributes (docs/isa.md): partitions >= rows enter
             # as 0, PSUM partitions >= cols receive 0.
             moving = _elements(image, off, f["n"], fmt)
             moving[rows:] = 0
-            out = golden_te.matmul_bits(cfg, tile, moving, fmt.name)
+            if fmt.mx:
+                out = golden_te.matmul_float(
+                    tile, moving, fmt.name, scale_stationary=tile_scales,
+                    scale_moving=_scales(cfg, image, rows, f["scale_offset"], f["n"]))
+            else:
+                out = golden_te.matmul_bits(cfg, tile, moving, fmt.name)
             out[cols:] = 0
             for j in range(f["n"]):
                 result.te_write(f["psum_bank"], f["psum_entry"] + j, out[:, j],
@@ -188,14 +208,17 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
             cols = rng.choice([cfg.pe_cols, rng.randint(1, cfg.pe_cols)])
             program.append((LOAD, {
                 "sbuf_offset": fmt.bytes * rng.randrange(size // fmt.bytes - cols + 1),
-                "rows": rows, "cols": cols, "format": fmt.code}))
+                "rows": rows, "cols": cols, "format": fmt.code,
+                **({"scale_offset": rng.randrange(size - cols + 1)} if fmt.mx else {})}))
         n = rng.choice([rng.randint(1, cfg.moving_max), rng.randint(1, 4)])
         last = size // fmt.bytes - n
         program.append((MATMUL, {
             "sbuf_offset": fmt.bytes * rng.choice([rng.randrange(last + 1), last]),
             "n": n, "psum_bank": rng.randrange(cfg.psum_banks),
             "psum_entry": rng.randrange(cfg.psum_bank_entries - n + 1),
-            "accumulate": rng.randrange(2), "format": fmt.code}))
+            "accumulate": rng.randrange(2), "format": fmt.code,
+            **({"scale_offset": rng.choice([rng.randrange(size - n + 1), size - n])}
+               if fmt.mx else {})}))
     return program
 
 
@@ -253,6 +276,62 @@ def test_float_matmul_edge_values(fmt):
     program.append((MATMUL, {"sbuf_offset": 0, "n": 16, "psum_bank": 2, "psum_entry": 0,
                              "accumulate": 1, "format": c}))
     _run(cfg, program, seed=8, grant=0.7, psum_ready=0.8, image=image)
+
+#: A 64-row array with an MX format: two blocks of 32 rows, so row k's scales come from
+#: partition k // 32.
+MX64 = MX_BUILDS["mx64"]
+
+
+def _mx_image(cfg, rng, scale_region):
+    """An SBUF image of FP8 codes of moderate values (a tenth random codes), with E8M0
+    scales from byte ``scale_region`` on: mostly 117..137, some 0, 1, 254 and 255 (NaN)."""
+    _, word_bytes, depth = golden_sbuf.geometry(cfg)
+    shape = (cfg.sbuf_partitions, depth * word_bytes)
+    values = rng.standard_normal(shape) * 2.0 ** rng.integers(-4, 5, shape)
+    image = numerics.to_bits(values.astype(np.float32), numerics.FP8E4M3).astype(np.int64)
+    image = np.where(rng.random(shape) < 0.1, rng.integers(0, 256, shape), image)
+    scales = np.where(rng.random(shape) < 0.9, rng.integers(117, 138, shape),
+                      rng.choice([0, 1, 254, 255], shape))
+    image[:, scale_region:] = scales[:, scale_region:]
+    return image.astype(np.uint8)
+
+
+@pytest.mark.parametrize("cfg", [TINY, MX64], ids=["tiny", "mx64"])
+def test_mx_matmuls_take_their_scales(cfg):
+    """MX loads and matmuls with scales at offsets that start mid-word and cross words,
+    tiles of fewer rows than a block (its scales still apply) and, on the 64-row array,
+    of one block (block 1 counts as 127) and of two; formats interleaved with FP8 and int8
+    tiles that share the SBUF words; bit for bit against the golden engine."""
+    rng = np.random.default_rng(cfg.pe_rows)
+    half = cfg.sbuf_bytes_per_partition // 2
+    image = _mx_image(cfg, rng, half)
+    # Alternate the build's MX formats (tiny has both, the 64-row build one).
+    e4, e5 = (CODE[name] for name in ("mxfp8e4m3", "mxfp8e5m2" if "mxfp8e5m2" in cfg.dtypes
+                                      else "mxfp8e4m3"))
+    k, m = cfg.pe_rows, cfg.pe_cols
+    program = []
+    for i, (fmt, rows) in enumerate([(e4, k), (e5, k - 1), (e4, min(k, 20)), (CODE["int8"], k),
+                                     (e5, min(k, 33)), (e4, 1)]):
+        program.append((LOAD, {"sbuf_offset": 3 + 5 * i, "rows": rows, "cols": m,
+                               "format": fmt, "scale_offset": half + 3 + 7 * i}))
+        for j in range(3):
+            program.append((MATMUL, {"sbuf_offset": 11 * i + 7 * j, "n": 1 + 5 * j,
+                                     "psum_bank": j, "psum_entry": i, "accumulate": j % 2,
+                                     "format": fmt, "scale_offset": half + 13 * i + 9 * j}))
+    program = [(op, f if numerics.format_of_code(f["format"]).mx
+                else {key: v for key, v in f.items() if key != "scale_offset"})
+               for op, f in program]
+    # Blocks past a tile's rows count as 127, whatever the SBUF holds: put NaN scales there.
+    rows = None
+    for op, f in program:
+        rows = f["rows"] if op == LOAD else rows
+        count = f["cols"] if op == LOAD else f["n"]
+        if "scale_offset" in f:
+            used = -(-rows // numerics.MX_BLOCK)
+            image[used:-(-k // numerics.MX_BLOCK), f["scale_offset"]:f["scale_offset"] + count] \
+                = numerics.E8M0_NAN
+    _run(cfg, program, seed=cfg.pe_rows, grant=0.7, psum_ready=0.8, image=image)
+
 
 def test_accumulate_into_one_entry_back_to_back():
     """Matmuls of one vector accumulating into one PSUM entry, back to back, with one tile
@@ -432,6 +511,8 @@ def _loaded(fmt):
             (MATMUL, {"n": 1, "format": CODE[fmt]})]
 
 
+_MX_LOAD = {"sbuf_offset": 5, "rows": 4, "cols": 4, "format": CODE["mxfp8e4m3"]}
+_MX_MATMUL = {**_GOOD_MATMUL, "format": CODE["mxfp8e4m3"]}
 _SWITCHED = _loaded("fp8e4m3") + [(LOAD, {"rows": 1, "cols": 1, "format": CODE["fp8e5m2"]})]
 _ODD_BF16 = {"sbuf_offset": 3, "rows": 4, "cols": 4, "format": CODE["bf16"]}
 
@@ -444,12 +525,15 @@ FORMAT_RULES = {
         ("load-fp8", LOAD, {**_GOOD_LOAD, "format": CODE["fp8e4m3"]}, ILLEGAL),
         ("matmul-bf16", MATMUL, {**_GOOD_MATMUL, "format": CODE["bf16"]}, ILLEGAL),
         ("matmul-fp8", MATMUL, {**_GOOD_MATMUL, "format": CODE["fp8e5m2"]}, ILLEGAL),
+        ("load-mx", LOAD, {**_GOOD_LOAD, "format": CODE["mxfp8e4m3"]}, ILLEGAL),
+        ("matmul-mx", MATMUL, {**_GOOD_MATMUL, "format": CODE["mxfp8e5m2"]}, ILLEGAL),
     ]),
     "tiny-int8-tile": (TINY, _LOADED, [
-        *[(f"load-code-{c}", LOAD, {**_GOOD_LOAD, "format": c}, ILLEGAL) for c in range(4, 8)],
+        # fp32 (6) and int32 (7) are no matmul formats.
+        *[(f"load-code-{c}", LOAD, {**_GOOD_LOAD, "format": c}, ILLEGAL) for c in range(6, 8)],
         *[(f"matmul-code-{c}", MATMUL, {**_GOOD_MATMUL, "format": c}, ILLEGAL)
-          for c in range(4, 8)],
-        ("illegal-before-bad", LOAD, {"sbuf_offset": _B, "rows": 0, "cols": 4, "format": 4},
+          for c in range(6, 8)],
+        ("illegal-before-bad", LOAD, {"sbuf_offset": _B, "rows": 0, "cols": 4, "format": 6},
          ILLEGAL),
         # BF16 loads: 2-byte elements, even offsets, extents of 2 * cols bytes.
         ("bf16-load-ok", LOAD, {**_ODD_BF16, "sbuf_offset": _B - 8}, NONE),
@@ -483,6 +567,30 @@ FORMAT_RULES = {
          {**_GOOD_MATMUL, "sbuf_offset": _B - 15, "format": 3}, RANGE),
         ("e5m2-tile-e4m3-matmul", MATMUL, {**_GOOD_MATMUL, "format": 2}, BAD),
     ]),
+    # MX: the scales, one byte per column from scale_offset, must lie in the SBUF too.
+    "tiny-mx-loads": (TINY, _LOADED, [
+        ("mx-load-ok", LOAD, {**_MX_LOAD, "scale_offset": _B - 4}, NONE),
+        ("mx-load-scales-past-sbuf", LOAD, {**_MX_LOAD, "scale_offset": _B - 3}, RANGE),
+        ("mx-load-scales-huge", LOAD, {**_MX_LOAD, "scale_offset": 2**32 - 1}, RANGE),
+        ("mx-load-cols-count", LOAD, {**_MX_LOAD, "cols": 2, "scale_offset": _B - 2}, NONE),
+        ("mx-load-bad-before-scales", LOAD, {**_MX_LOAD, "rows": 0, "scale_offset": _B},
+         BAD),
+        ("mx-e5m2-load-scales-past", LOAD,
+         {**_MX_LOAD, "format": CODE["mxfp8e5m2"], "scale_offset": _B - 1}, RANGE),
+        ("fp8-load-ignores-scale-offset", LOAD,
+         {**_MX_LOAD, "format": CODE["fp8e4m3"], "scale_offset": 2**32 - 1}, NONE),
+    ]),
+    "tiny-mx-tile": (TINY, _loaded("mxfp8e4m3"), [
+        ("mx-matmul-ok", MATMUL, {**_MX_MATMUL, "scale_offset": _B - 16}, NONE),
+        ("mx-matmul-scales-past-sbuf", MATMUL, {**_MX_MATMUL, "scale_offset": _B - 15},
+         RANGE),
+        ("mx-matmul-scales-huge", MATMUL, {**_MX_MATMUL, "scale_offset": 2**32 - 16}, RANGE),
+        ("mx-matmul-bad-before-scales", MATMUL, {**_MX_MATMUL, "n": 0, "scale_offset": _B},
+         BAD),
+        ("mx-tile-fp8-matmul", MATMUL, {**_MX_MATMUL, "format": CODE["fp8e4m3"]}, BAD),
+        ("mx-e4m3-tile-e5m2-matmul", MATMUL, {**_MX_MATMUL, "format": CODE["mxfp8e5m2"]},
+         BAD),
+    ]),
     "tiny-latest-load": (TINY, _SWITCHED, [
         ("latest-load-counts", MATMUL, {**_GOOD_MATMUL, "format": 3}, NONE),
         ("earlier-load-does-not", MATMUL, {**_GOOD_MATMUL, "format": 2}, BAD),
@@ -496,10 +604,6 @@ def test_format_rules(group):
     _check_table(cfg, accept, table)
 
 
-@pytest.mark.parametrize("dtypes, message", [
-    (("int8", "mxfp8e4m3"), "implements int8, bf16, fp8e4m3, fp8e5m2, not mxfp8e4m3"),
-    (("bf16",), "dtypes=bf16: must include int8"),
-])
-def test_refuses_formats_the_hardware_lacks(dtypes, message):
-    with pytest.raises(ValueError, match=message):
-        TensorUnit(config=TINY.replace(dtypes=dtypes, acc_bits=32))
+def test_refuses_a_build_without_int8():
+    with pytest.raises(ValueError, match="dtypes=bf16,mxfp8e4m3: must include int8"):
+        TensorUnit(config=TINY.replace(dtypes=("bf16", "mxfp8e4m3"), acc_bits=32))

@@ -37,21 +37,22 @@ def test_verilog_sizes_follow_the_config(tmp_path):
     # One moving beat: pe_rows int8 elements, the format code, swap and last.
     assert f"input [{cfg.pe_rows * 8 + 4}:0] moving__payload;" in text
     assert text.count("module \\tensor_engine.pe_") == cfg.pe_rows * cfg.pe_cols
-    # With bf16 among the formats, the elements are 16 raw bits.
+    # With bf16 among the formats, the elements are 16 raw bits; with an MX format, a scale
+    # byte per block of 32 rows comes along (tiny: one block).
     tiny = config.preset("tiny")
-    assert f"input [{tiny.pe_rows * 16 + 4}:0] moving__payload;" in runner.verilog_source(tiny)
+    assert f"input [{tiny.pe_rows * 16 + 8 + 4}:0] moving__payload;" in \
+        runner.verilog_source(tiny)
 
 
-def test_formats_the_hardware_lacks_are_refused():
+def test_a_build_without_int8_is_refused():
     trn3_formats = "dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2"
-    with pytest.raises(ConfigError, match=f"{trn3_formats}: the hardware implements int8, "
-                                          "bf16, fp8e4m3, fp8e5m2, not mxfp8e4m3, mxfp8e5m2 "
-                                          "yet"):
+    with pytest.raises(ConfigError, match=f"{trn3_formats}: must include int8 \\(the "
+                                          "hardware's integer path is always built\\) "
+                                          f"\\(try --set dtypes=int8,{trn3_formats[7:]}\\)"):
         runner.verilog_source(config.preset("trn3"))
     # The blocks themselves refuse too, when built directly.
-    with pytest.raises(ValueError, match=f"{trn3_formats}: the tensor engine hardware "
-                                         "implements int8, bf16, fp8e4m3, fp8e5m2, not "
-                                         "mxfp8e4m3, mxfp8e5m2"):
+    with pytest.raises(ValueError, match=f"{trn3_formats}: must include int8 \\(the tensor "
+                                         "engine hardware's integer path"):
         TensorEngine(config=config.preset("trn3"))
     with pytest.raises(ValueError, match="dtypes=bf16: must include int8"):
         TensorEngine(config=config.preset("trn2").replace(dtypes=("bf16",)))

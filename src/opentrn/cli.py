@@ -83,14 +83,36 @@ def _positive(name, value):
     return value
 
 
+#: The kernel input formats of ``--dtype`` (the MX formats: FP8 elements with random E8M0
+#: block scales).
+DTYPES = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
+#: Random E8M0 scale codes of the MX formats, from ``low`` to ``high - 1``: ``2**-3`` to
+#: ``2**3`` per operand, so that the scaled sums stay mostly within FP8 range.
+MX_SCALE_CODES = (124, 131)
+
+
 def _random_inputs(rng, shape, dtype):
-    """Random int8 values, or normal values rounded to the float format ``dtype``."""
+    """Random int8 values, or normal values rounded to the float format ``dtype`` (an MX
+    format: its FP8 element format)."""
     import numpy as np
 
+    from opentrn import numerics
     from opentrn.kernel import FORMAT_DTYPES
     if dtype == "int8":
         return rng.integers(-128, 128, shape).astype(np.int8)
-    return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[dtype])
+    fmt = numerics.data_format(dtype)
+    element = fmt.element.name if fmt.mx else dtype
+    return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[element])
+
+
+def _random_scales(rng, rows, cols):
+    """Random E8M0 scale codes (uint8) of an MX operand of ``rows`` x ``cols``: one per
+    block of 32 rows and per column."""
+    import numpy as np
+
+    from opentrn import numerics
+    return rng.integers(*MX_SCALE_CODES, (-(-rows // numerics.MX_BLOCK), cols)).astype(
+        np.uint8)
 
 
 def _random_bias(rng, size, dtype, span):
@@ -101,34 +123,47 @@ def _random_bias(rng, size, dtype, span):
 
 
 def _build_kernel(args, cfg):
-    """The kernel of ``opentrn run`` / ``opentrn demo``: ``(label, program, expected)``."""
+    """The kernel of ``opentrn run`` / ``opentrn demo``: ``(label, program, expected)``.
+    The MX formats take random E8M0 scales (:data:`MX_SCALE_CODES`) per block of 32 rows
+    along K and per column, drawn after the elements and biases."""
     import numpy as np
 
-    from opentrn import kernels
+    from opentrn import kernels, numerics
     rng = np.random.default_rng(args.seed)
     dtype = args.dtype
     if dtype not in cfg.dtypes:
         raise ConfigError(f"--dtype={dtype}: not among this build's formats, dtypes="
                           f"{','.join(cfg.dtypes)} (add it with --set dtypes=...)")
+    mx = numerics.data_format(dtype).mx
     # Float scales keep the outputs in range; int8 requantizes by a shift instead.
     scaling = ({} if dtype == "int8" else {"scales": (0.25, 0.25)})
     if args.kernel == "mlp":
         batch, d_in, hidden, d_out = (_positive(f"--{name}", getattr(args, name.replace(
             "-", "_"))) for name in ("batch", "d-in", "hidden", "d-out"))
+        x_t, w1 = (_random_inputs(rng, (d_in, batch), dtype),
+                   _random_inputs(rng, (d_in, hidden), dtype))
+        b1 = _random_bias(rng, hidden, dtype, 2000)
+        w2, b2 = _random_inputs(rng, (hidden, d_out), dtype), _random_bias(rng, d_out, dtype,
+                                                                            2000)
+        if mx:
+            scaling["block_scales"] = (_random_scales(rng, d_in, batch),
+                                       _random_scales(rng, d_in, hidden),
+                                       _random_scales(rng, hidden, d_out))
         program, expected = kernels.mlp(
-            cfg, _random_inputs(rng, (d_in, batch), dtype),
-            _random_inputs(rng, (d_in, hidden), dtype), _random_bias(rng, hidden, dtype, 2000),
-            _random_inputs(rng, (hidden, d_out), dtype), _random_bias(rng, d_out, dtype, 2000),
-            requant=((1, 7), (1, 7)) if dtype == "int8" else None, **scaling)
+            cfg, x_t, w1, b1, w2, b2, requant=((1, 7), (1, 7)) if dtype == "int8" else None,
+            **scaling)
         return f"{dtype} mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
     m, k, n = (_positive(f"--{name}", getattr(args, name)) for name in ("m", "k", "n"))
     a, b = _random_inputs(rng, (m, k), dtype), _random_inputs(rng, (k, n), dtype)
+    bias = _random_bias(rng, m, dtype, 4000) if args.kernel == "gemm-relu" else None
+    extra = ({"block_scales": (_random_scales(rng, k, m), _random_scales(rng, k, n))} if mx
+             else {})
     if args.kernel == "gemm-relu":
-        bias = _random_bias(rng, m, dtype, 4000)
         requant = {"multiplier": 1, "shift": 8} if dtype == "int8" else {"scale": 0.125}
-        program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, **requant)
+        program, expected = kernels.gemm_bias_relu(cfg, a.T.copy(), b, bias, **requant,
+                                                   **extra)
         return f"{dtype} gemm+bias+relu {m}x{k}x{n}", program, expected
-    program, expected = kernels.gemm(cfg, a.T.copy(), b)
+    program, expected = kernels.gemm(cfg, a.T.copy(), b, **extra)
     return f"{dtype} gemm {m}x{k}x{n}", program, expected
 
 
@@ -247,9 +282,9 @@ def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
     parser.add_argument("--seed", type=int, default=1, help="input data seed (default: 1)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--dtype", choices=("int8", "bf16", "fp8e4m3", "fp8e5m2"),
-                        default="int8", help="input format of the kernel, one of the "
-                        "build's dtypes (default: int8)")
+    parser.add_argument("--dtype", choices=DTYPES, default="int8",
+                        help="input format of the kernel, one of the build's dtypes; the MX "
+                        "formats take random E8M0 block scales (default: int8)")
 
 
 def _add_gemm_options(parser, *, default):

@@ -310,7 +310,7 @@ PRESETS = {
     # The simulation core of every format the hardware implements; small and fpga are the
     # int8-only build (an FPGA prototype may leave the float units out).
     "tiny": {**_simulation_core(4, sbuf_kib=4, psum_banks=4, psum_bank_entries=16),
-             "dtypes": ("int8", "bf16", "fp8e4m3", "fp8e5m2")},
+             "dtypes": ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")},
     "small": _simulation_core(8, sbuf_kib=8, psum_banks=4, psum_bank_entries=32),
     # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
     # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32 bit.

@@ -862,9 +862,9 @@ class Kernel:
 
     def load_stationary(self, view, *, dtype: str = "int8", scales=None):
         """Load the stationary tile ``S[k, m] = view[k, m]`` of ``dtype`` elements (a format
-        of the build's ``dtypes``: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, and the MX
-        formats in golden-machine configurations): rows are partitions ``0 .. rows-1`` (at
-        most ``pe_rows``), columns elements of ``dtype`` bytes each (at most ``pe_cols``).
+        of the build's ``dtypes``: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2`` and the MX
+        formats): rows are partitions ``0 .. rows-1`` (at most ``pe_rows``), columns
+        elements of ``dtype`` bytes each (at most ``pe_cols``).
         An MX format takes ``scales``, an SBUF view of ``ceil(rows / 32)`` partitions x
         ``cols`` bytes: the E8M0 scale of column ``m`` for rows ``32 b .. 32 b + 31`` in
         partition ``b``."""

@@ -1,9 +1,10 @@
 """Library kernels built with :mod:`opentrn.kernel`: tiled GEMM, GEMM + bias + relu with
 int8 requantisation or a float cast, and a 2-layer MLP, in int8 or a float format (bf16,
-fp8e4m3, fp8e5m2: the dtype of the input arrays). Each returns ``(program, expected)``: the
-built :class:`~opentrn.kernel.Program` and ``{output name: array}`` computed independently
-in numpy (int64, or float32 in the hardware's order of operations: docs/numerics.md), never
-through the golden machine.
+fp8e4m3, fp8e5m2: the dtype of the input arrays), or an MX format (mxfp8e4m3, mxfp8e5m2: FP8
+arrays with ``block_scales=``, E8M0 codes per block of 32 rows along K and per column).
+Each returns ``(program, expected)``: the built :class:`~opentrn.kernel.Program` and
+``{output name: array}`` computed independently in numpy (int64, or float32 in the
+hardware's order of operations: docs/numerics.md), never through the golden machine.
 
 Layout convention (NKI's ``nc_matmul``): ``out[M, N] = stationary[K, M].T @ moving[K, N]``;
 the SBUF partition axis is the contraction axis K (``pe_rows`` partitions per K tile) and
@@ -22,6 +23,11 @@ double-buffered and fetched one step (M tile) ahead, so the DMA overlaps the mat
 block's K tiles do not fit, K is cut into parts (the moving data is then fetched per M tile
 and K part; the PSUM keeps accumulating). Results go PSUM -> ``ACTIVATE`` -> SBUF staging
 (double-buffered) -> one DMA per M tile and block.
+
+MX formats: the host re-lays each operand's scales per K tile (``_tile_scales``: row
+``kt * Bt + b`` holds block ``(kt * R) // 32 + b``, ``Bt = ceil(R / 32)`` blocks per K tile of
+``R`` rows), so one DMA fetches a step's scales into a slot (block ``b`` in partition ``b``)
+alongside its element data, double-buffered the same way.
 """
 
 from __future__ import annotations
@@ -49,8 +55,22 @@ MAX_M_BLOCK = 4
 __all__ = ["gemm", "gemm_bias_relu", "mlp", "reference_matmul", "reference_activation",
            "reference_matmul_float", "reference_activation_float", "MATMUL_DTYPES"]
 
-#: The input formats of the kernels.
-MATMUL_DTYPES = ("int8", "bf16", "fp8e4m3", "fp8e5m2")
+#: The input formats of the kernels (the MX formats: FP8 arrays with ``block_scales=``).
+MATMUL_DTYPES = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
+
+#: The MX format of each FP8 format (its elements with E8M0 block scales).
+_MX_OF = {"fp8e4m3": "mxfp8e4m3", "fp8e5m2": "mxfp8e5m2"}
+
+
+def _element(fmt):
+    """The format of ``fmt``'s elements: an MX format's FP8 format, else ``fmt``."""
+    data = numerics.data_format(fmt)
+    return data.element.name if data.mx else fmt
+
+
+def _dtype(fmt):
+    """The numpy dtype of ``fmt``'s elements."""
+    return FORMAT_DTYPES[_element(fmt)]
 
 
 # -- numpy references (int64, independent of the golden machine) -----------------------------
@@ -83,18 +103,39 @@ def reference_activation(x, *, multiplier=1, shift=0, bias=None, relu=False, out
 # -- argument checks ----------------------------------------------------------------------------
 
 
-def reference_matmul_float(stationary, moving, *, kt_rows):
+def reference_matmul_float(stationary, moving, *, kt_rows, block_scales=None):
     """``stationary.T @ moving`` (float arrays of one format) in float32, in the order the
     hardware adds: per K tile of ``kt_rows`` rows ``acc = +0``, then ``acc + s[k] * m[k]``
-    row by row, then the tiles' sums into the result in K order (the PSUM accumulate)."""
-    s = np.asarray(stationary).astype(np.float32)
-    m = np.asarray(moving).astype(np.float32)
+    row by row, then the tiles' sums into the result in K order (the PSUM accumulate).
+
+    MX formats: ``block_scales = (ss, sm)``, uint8 E8M0 codes ``[ceil(K / 32), M]`` of the
+    stationary and ``[ceil(K / 32), N]`` of the moving operand; row ``k`` adds
+    ``round32(s[k, m] * m[k, n] * 2**(ss[k // 32, m] + sm[k // 32, n] - 254))``, NaN when
+    either code is 255. The scaled product is exact in float64 (FP8 x FP8 has at most 8
+    significant bits, and ``2**-286 .. 2**286`` is far inside float64's normal range), so
+    its cast to float32 is the hardware's single rounding (subnormals and overflow
+    included)."""
+    if block_scales is None:
+        s = np.asarray(stationary).astype(np.float32)
+        m = np.asarray(moving).astype(np.float32)
+    else:
+        s = np.asarray(stationary).astype(np.float64)
+        m = np.asarray(moving).astype(np.float64)
+        ss, sm = (np.asarray(x).astype(np.int64) for x in block_scales)
     out = None
     with np.errstate(all="ignore"):
         for k0 in range(0, s.shape[0], kt_rows):
             acc = np.zeros((s.shape[1], m.shape[1]), np.float32)
             for k in range(k0, min(k0 + kt_rows, s.shape[0])):
-                acc = acc + s[k][:, None] * m[k][None, :]
+                if block_scales is None:
+                    product = s[k][:, None] * m[k][None, :]
+                else:
+                    a, b = ss[k // numerics.MX_BLOCK], sm[k // numerics.MX_BLOCK]
+                    scale = np.ldexp(1.0, a[:, None] + b[None, :] - 2 * numerics.E8M0_BIAS)
+                    nan = (a == numerics.E8M0_NAN)[:, None] | (b == numerics.E8M0_NAN)[None, :]
+                    scale = np.where(nan, np.nan, scale)
+                    product = (s[k][:, None] * m[k][None, :] * scale).astype(np.float32)
+                acc = acc + product
             out = acc if out is None else out + acc
     return out
 
@@ -128,12 +169,71 @@ def _matrix(name, value, dtype, rows=None):
 
 
 def _input_format(name, value):
-    """The format of an input matrix: its dtype must be one of :data:`MATMUL_DTYPES`'."""
+    """The format of an input matrix: its dtype must be one of :data:`MATMUL_DTYPES`'
+    (an MX format's elements are FP8: its dtype is that of the FP8 format)."""
     dtype = np.asarray(value).dtype
-    allowed = [FORMAT_DTYPES[f].name for f in MATMUL_DTYPES]
+    allowed = list(dict.fromkeys(_dtype(f).name for f in MATMUL_DTYPES))
     if dtype.name not in allowed:
         raise KernelError(f"{name}.dtype={dtype}: must be one of {', '.join(allowed)}")
     return format_of_dtype(dtype)
+
+
+def _brief(value):
+    """``value`` for a message: an array as its dtype and shape."""
+    if isinstance(value, np.ndarray):
+        return f"<array {value.dtype} {value.shape}>"
+    if isinstance(value, tuple | list):
+        inner = ", ".join(_brief(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return repr(value)
+
+
+def _mx_format(name, fmt, block_scales, parts):
+    """The kernel's format: ``fmt``, or with ``block_scales`` (a tuple of one array per name
+    of ``parts``) the MX format of the FP8 format ``fmt``. ``name`` names the input whose
+    dtype gave ``fmt``. Returns ``(format, block_scales as a tuple, or None)``."""
+    if block_scales is None:
+        return fmt, None
+    if fmt not in _MX_OF:
+        raise KernelError(
+            f"block_scales: given with {name}.dtype={FORMAT_DTYPES[fmt].name} ({fmt}): block "
+            "scales make an MX format, whose elements are FP8: float8_e4m3fn (mxfp8e4m3) or "
+            "float8_e5m2 (mxfp8e5m2)")
+    if not isinstance(block_scales, tuple | list) or len(block_scales) != len(parts):
+        raise KernelError(f"block_scales={_brief(block_scales)}: must be a tuple "
+                          f"({', '.join(parts)}) of {len(parts)} uint8 arrays of E8M0 codes")
+    return _MX_OF[fmt], tuple(block_scales)
+
+
+def _block_scales(name, value, rows, cols, what):
+    """The E8M0 scales of an operand of ``rows`` x ``cols`` (``what`` names it): uint8
+    ``[ceil(rows / 32), cols]``, any code (255 is NaN)."""
+    array = np.asarray(value)
+    blocks = -(-rows // numerics.MX_BLOCK)
+    if array.dtype != np.uint8:
+        raise KernelError(f"{name}.dtype={array.dtype}: must be uint8 (E8M0 scale codes, "
+                          f"2**(code - {numerics.E8M0_BIAS}), {numerics.E8M0_NAN} = NaN)")
+    if array.shape != (blocks, cols):
+        raise KernelError(f"{name}.shape={array.shape}: must be ({blocks}, {cols}): one scale "
+                          f"per block of {numerics.MX_BLOCK} of the {rows} rows of {what} and "
+                          "per column")
+    return array
+
+
+def _tile_scales(scales, K, R):
+    """``scales`` (``[ceil(K / 32), cols]``) re-laid per K tile of ``R`` rows (a power of
+    two): ``Bt = ceil(R / 32)`` rows per K tile, row ``kt * Bt + b`` holding block
+    ``(kt * R) // 32 + b`` (for ``R < 32`` the block is shared by ``32 / R`` K tiles), rows
+    past the last block 127 (``2**0``, never read: a K tile's matmuls read
+    ``ceil(rows / 32)`` blocks). One DMA then fetches a step's K tiles, block ``b`` of each
+    into partition ``b``."""
+    k_tiles, per_tile = -(-K // R), -(-R // numerics.MX_BLOCK)
+    index = ((np.arange(k_tiles)[:, None] * R) // numerics.MX_BLOCK
+             + np.arange(per_tile)[None, :]).ravel()
+    out = np.full((k_tiles * per_tile, scales.shape[1]), numerics.E8M0_BIAS, np.uint8)
+    valid = index < scales.shape[0]
+    out[valid] = scales[index[valid]]
+    return out
 
 
 def _vector(name, value, length, dtype=np.int32):
@@ -147,8 +247,8 @@ def _vector(name, value, length, dtype=np.int32):
 
 def _out_format(name, out, fmt):
     """The output format of a kernel of input format ``fmt``: int8/int32 for int8, fp32 or
-    ``fmt`` for a float format."""
-    allowed = ("int8", "int32") if fmt == "int8" else ("fp32", fmt)
+    ``fmt``'s element format for a float format."""
+    allowed = ("int8", "int32") if fmt == "int8" else ("fp32", _element(fmt))
     if out not in allowed:
         raise KernelError(f"{name}={out!r}: must be one of {', '.join(allowed)} for {fmt} "
                           "inputs")
@@ -194,6 +294,20 @@ class _Layer:
     dest: Tensor | list         # [M, N] in HBM, or per block the SBUF tile of the results
     P: int                      # rows of an M tile (pe_cols)
     dtype: str = "int8"         # the input format
+    # MX formats: the E8M0 scales (_tile_scales) of ``a`` and ``moving`` in HBM, or for
+    # resident moving data an SBUF tile of 127s (unit scales) in partitions 0..Bt-1.
+    a_scales: Tensor | None = None
+    moving_scales: Tensor | None = None
+    resident_scales: SbufTile | None = None
+
+    @property
+    def mx(self):
+        return numerics.data_format(self.dtype).mx
+
+    @property
+    def scale_rows(self):
+        """Rows of a K tile in the re-laid scale tensors: ``ceil(kt_rows / 32)``."""
+        return -(-self.kt_rows // numerics.MX_BLOCK)
 
     @property
     def size(self):
@@ -226,17 +340,21 @@ class _Step:
     last: bool                  # the last K part: the epilogue follows
     a_slot: tuple | None = None     # (tile, byte offset of this M tile in K tile kt0)
     moving: tuple | None = None     # (tile, byte offset of K tile kt0, column 0)
+    a_scales: tuple | None = None   # MX: (tile, byte offset of this M tile in K tile kt0)
+    moving_scales: SbufTile | None = None   # MX: the slot of K tile kt0 on, or unit scales
 
 
 class _Schedule:
     """Tiles, sizes and the emission of a list of layers over column blocks."""
 
     def __init__(self, kernel: Kernel, *, columns, k_tiles, m_tiles, moving_from_hbm,
-                 staging_out, fixed_bytes, resident_tiles, element=1):
+                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False):
         """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
         ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
         per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
-        per block (MLP hidden), x 2; ``element``: bytes of an input element."""
+        per block (MLP hidden), x 2; ``element``: bytes of an input element; ``mx``: an MX
+        format, whose scale slots (one byte per column and K tile, double-buffered like the
+        element slots) count in the SBUF budget."""
         self.k = kernel
         cfg = kernel.config
         self.cfg = cfg
@@ -253,10 +371,13 @@ class _Schedule:
 
         def need(kts, w, mb=1):
             e = element
+            scales = (2 * al(kts * mb * self.P) + (2 * al(kts * w) if moving_from_hbm else 0)
+                      if mx else 0)
             return (2 * al(kts * mb * self.P * e) + (2 * al(kts * w * e) if moving_from_hbm
                                                      else 0)
                     + (2 * al(w * staging_out) if staging_out else 0)
-                    + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes)
+                    + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes
+                    + scales)
 
         width = min(columns, self.banks_per_group * self.chunk)
         while True:
@@ -288,6 +409,12 @@ class _Schedule:
                         if moving_from_hbm else [])
         self.staging = ([k.sbuf(self.P, width * staging_out) for _ in range(2)]
                         if staging_out else [])
+        # MX: the scales of the slots above, block b of each K tile in partition b.
+        scale_parts = -(-cfg.pe_rows // numerics.MX_BLOCK)
+        self.a_scale_slots = ([k.sbuf(scale_parts, kts * mb * self.P) for _ in range(2)]
+                              if mx else [])
+        self.b_scale_slots = ([k.sbuf(scale_parts, kts * width) for _ in range(2)]
+                              if mx and moving_from_hbm else [])
         self.psum = [[k.psum(cfg.psum_bank_entries, bank=g * self.banks_per_group + c)
                       for c in range(self.banks_per_group)] for g in range(self.groups)]
         self.a_count = self.b_count = self.stage_count = self.group_count = 0
@@ -346,10 +473,18 @@ class _Schedule:
                 self._rows_3d(layer.moving, r0, r1, step.n0, step.width, tile, self.b_stride,
                               R)
                 self.b_tile = tile
+                if layer.mx:
+                    self.b_scale_tile = self.b_scale_slots[(self.b_count - 1) % 2]
+                    Bt = layer.scale_rows
+                    self._rows_3d(layer.moving_scales, step.kt0 * Bt, step.kt1 * Bt, step.n0,
+                                  step.width, self.b_scale_tile, self.width, Bt)
             step.moving = (self.b_tile, 0)
+            if layer.mx:
+                step.moving_scales = self.b_scale_tile
         else:
             step.moving = (layer.resident[step.block % len(layer.resident)],
                            step.kt0 * self.b_stride)
+            step.moving_scales = layer.resident_scales
         mb = self.m_block
         key = (id(layer), step.block, step.mt // mb, step.kt0)
         if key != self.a_key:
@@ -359,7 +494,14 @@ class _Schedule:
             m0 = (step.mt // mb) * mb * self.P
             cols = min(mb * self.P, layer.M - m0)
             self._rows_3d(layer.a, r0, r1, m0, cols, self.a_tile, self.a_stride, R)
+            if layer.mx:
+                self.a_scale_tile = self.a_scale_slots[(self.a_count - 1) % 2]
+                Bt = layer.scale_rows
+                self._rows_3d(layer.a_scales, step.kt0 * Bt, step.kt1 * Bt, m0, cols,
+                              self.a_scale_tile, mb * self.P, Bt)
         step.a_slot = (self.a_tile, (step.mt % mb) * self.P * self.element)
+        if layer.mx:
+            step.a_scales = (self.a_scale_tile, (step.mt % mb) * self.P)
 
     def _chunks(self, width):
         return [(c0, min(self.chunk, width - c0)) for c0 in range(0, width, self.chunk)]
@@ -375,11 +517,24 @@ class _Schedule:
         for i, kt in enumerate(range(step.kt0, step.kt1)):
             rows = min(R, layer.K - kt * R)
             column = i * self.a_stride + a_offset
-            k.load_stationary(a_tile[0:rows, column:column + mrows * e], dtype=layer.dtype)
+            scales = moving_scales = None
+            if layer.mx:
+                # Blocks 0..nb-1 of this K tile (partitions), one byte per column.
+                nb = -(-rows // numerics.MX_BLOCK)
+                s_tile, s_offset = step.a_scales
+                s_column = i * self.m_block * self.P + s_offset
+                scales = s_tile[0:nb, s_column:s_column + mrows]
+            k.load_stationary(a_tile[0:rows, column:column + mrows * e], dtype=layer.dtype,
+                              scales=scales)
             offset = base + i * self.b_stride
             for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
+                if layer.mx:
+                    # A slot holds K tile i's scales at i * width; unit scales (resident
+                    # moving data) serve every K tile and chunk from byte 0.
+                    c = 0 if layer.moving is None else i * self.width + c0
+                    moving_scales = step.moving_scales[0:nb, c:c + n]
                 k.matmul(bank[:, 0:n], tile[0:rows, offset + c0 * e:offset + (c0 + n) * e],
-                         accumulate=not (step.first and i == 0))
+                         accumulate=not (step.first and i == 0), scales=moving_scales)
 
     def _epilogue(self, step):
         k, layer = self.k, step.layer
@@ -430,16 +585,27 @@ def _bias_bytes(cfg, rows):
 # -- the kernels ------------------------------------------------------------------------------
 
 
-def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None):
-    fmt = _input_format("a_t", a_t)
-    a_t = _matrix("a_t", a_t, FORMAT_DTYPES[fmt])
-    b = _matrix("b", b, FORMAT_DTYPES[fmt], rows=("K rows of a_t", a_t.shape[0]))
+def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None,
+          block_scales=None):
+    fmt, block_scales = _mx_format("a_t", _input_format("a_t", a_t), block_scales,
+                                   ("sa", "sb"))
+    a_t = _matrix("a_t", a_t, _dtype(fmt))
+    b = _matrix("b", b, _dtype(fmt), rows=("K rows of a_t", a_t.shape[0]))
     floating = fmt != "int8"
     out = _out_format("out", out or ("fp32" if floating else "int32"), fmt)
     K, M = a_t.shape
     N = b.shape[1]
+    kt_rows = config.pe_rows
+    mx = block_scales is not None
+    if mx:
+        sa = _block_scales("block_scales[0] (sa)", block_scales[0], K, M, "a_t")
+        sb = _block_scales("block_scales[1] (sb)", block_scales[1], K, N, "b")
     k = Kernel(config, name=name)
     A, B = k.input("a_t", a_t), k.input("b", b)
+    SA = SB = None
+    if mx:
+        SA = k.input("a_t_scales", _tile_scales(sa, K, kt_rows))
+        SB = k.input("b_scales", _tile_scales(sb, K, kt_rows))
     bias_tensor = None
     if bias is not None:
         bias = _vector("bias", bias, M, np.float32 if floating else np.int32)
@@ -447,21 +613,21 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     out_name = "c" if bias is None else "y"
     C = k.output(out_name, (M, N), FORMAT_DTYPES[out])
     size = numerics.data_format(out).bytes
-    kt_rows = config.pe_rows
     sched = _Schedule(k, columns=N, k_tiles=-(-K // kt_rows), m_tiles=-(-M // config.pe_cols),
                       moving_from_hbm=True,
                       staging_out=size, resident_tiles=0,
                       fixed_bytes=_bias_bytes(config, M) if bias is not None else 0,
-                      element=numerics.data_format(fmt).bytes)
+                      element=numerics.data_format(fmt).bytes, mx=mx)
     bias_tile = sched.load_bias(bias_tensor) if bias is not None else None
     if scaling is None:
         scaling = {"scale": 1.0} if floating else {"multiplier": 1, "shift": 0}
     layer = _Layer(a=A, K=K, M=M, kt_rows=kt_rows, moving=B, resident=None,
                    function="relu" if relu else "identity", scaling=scaling, out=out,
-                   bias=bias_tile, dest=C, P=sched.P, dtype=fmt)
+                   bias=bias_tile, dest=C, P=sched.P, dtype=fmt, a_scales=SA, moving_scales=SB)
     sched.run(step for block in range(len(sched.blocks)) for step in sched.steps(layer, block))
     if floating:
-        acc = reference_matmul_float(a_t, b, kt_rows=kt_rows)
+        acc = reference_matmul_float(a_t, b, kt_rows=kt_rows,
+                                     block_scales=(sa, sb) if mx else None)
         expected = reference_activation_float(acc, bias=bias, relu=relu, out=out, **scaling)
     else:
         acc = reference_matmul(config, a_t, b)
@@ -471,20 +637,29 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     return k.build(), {out_name: expected}
 
 
-def gemm(config: Config, a_t, b, *, name: str = "gemm") -> tuple[Program, dict]:
+def gemm(config: Config, a_t, b, *, block_scales=None,
+         name: str = "gemm") -> tuple[Program, dict]:
     """``C[M, N] = A @ B`` from ``a_t = A.T`` ``[K, M]`` and ``b`` ``[K, N]``, both of one
     format (int8, bf16, fp8e4m3 or fp8e5m2, the arrays' dtype); any ``M, K, N >= 1``.
     ``C`` is int32 (the PSUM accumulators, ``acc_bits`` wrap-around) or float32 (FP32
     accumulation, docs/numerics.md). Results leave the PSUM through an identity
     ``ACTIVATE`` (int32 out: multiplier 1, shift 0; float: ``x * 1.0 + 0.0``, exact except
     that it makes -0 +0) into an SBUF staging tile, then one DMA per M tile and column
-    block. Returns ``(program, {"c": expected})``."""
-    return _gemm(config, a_t, b, name=name)
+    block. Returns ``(program, {"c": expected})``.
+
+    MX formats: FP8 arrays with ``block_scales = (sa, sb)``, uint8 E8M0 codes ``sa``
+    ``[ceil(K / 32), M]`` (A's) and ``sb`` ``[ceil(K / 32), N]`` (B's), make the format
+    mxfp8e4m3 (float8_e4m3fn) or mxfp8e5m2 (float8_e5m2), which the config's ``dtypes``
+    must name: every product is ``a_t[k, m] * b[k, n] * 2**(sa[k // 32, m] +
+    sb[k // 32, n] - 254)`` (NaN for a code of 255), rounded once to FP32. The program's
+    inputs then include the scales re-laid per K tile, ``"a_t_scales"`` and
+    ``"b_scales"``."""
+    return _gemm(config, a_t, b, name=name, block_scales=block_scales)
 
 
 def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int | None = None,
                    shift: int | None = None, scale: float | None = None, out: str | None = None,
-                   name: str = "gemm_bias_relu") -> tuple[Program, dict]:
+                   block_scales=None, name: str = "gemm_bias_relu") -> tuple[Program, dict]:
     """GEMM + bias + relu with exactly one ``ACTIVATE`` per PSUM bank, ``C = A @ B`` as
     :func:`gemm`:
 
@@ -492,10 +667,12 @@ def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int | None = Non
       / 2**shift)))``, ``bias`` int32 ``[M]``, ``multiplier`` and ``shift`` required;
     * float inputs: ``y[m, n] = cast(relu(C[m, n] * scale + bias[m]))`` in FP32, ``bias``
       float32 ``[M]``, ``scale`` (default 1.0), ``out`` the input format (default) or
-      ``"fp32"``.
+      ``"fp32"``;
+    * MX inputs (FP8 arrays with ``block_scales = (sa, sb)``, as :func:`gemm`): as float
+      inputs, ``out`` the FP8 element format (default) or ``"fp32"``.
 
     Returns ``(program, {"y": expected})``."""
-    fmt = _input_format("a_t", a_t)
+    fmt, _ = _mx_format("a_t", _input_format("a_t", a_t), block_scales, ("sa", "sb"))
     if fmt == "int8":
         if scale is not None:
             raise KernelError(f"scale={scale!r}: is for float inputs; int8 takes multiplier "
@@ -511,12 +688,14 @@ def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int | None = Non
             raise KernelError(f"multiplier={multiplier!r}, shift={shift!r}: are for int8 "
                               f"inputs; {fmt} takes scale")
         scaling = {"scale": _scale("scale", 1.0 if scale is None else scale)}
-        out = _out_format("out", out or fmt, fmt)
-    return _gemm(config, a_t, b, name=name, bias=bias, scaling=scaling, relu=True, out=out)
+        out = _out_format("out", out or _element(fmt), fmt)
+    return _gemm(config, a_t, b, name=name, bias=bias, scaling=scaling, relu=True, out=out,
+                 block_scales=block_scales)
 
 
 def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
-        out: str | None = None, name: str = "mlp") -> tuple[Program, dict]:
+        out: str | None = None, block_scales=None,
+        name: str = "mlp") -> tuple[Program, dict]:
     """A 2-layer MLP in feature-major layout (features on the partitions):
 
     * ``h_t[hidden, batch] = act1(relu(w1.T @ x_t, b1))``, kept in the SBUF in the input
@@ -530,15 +709,30 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     scale2)`` (default (1.0, 1.0)), ``b1``/``b2`` float32, ``out`` the input format
     (default) or fp32. The batch is processed in column blocks; each block's hidden
     activations stay in the SBUF (double-buffered across blocks). Returns
-    ``(program, {"out_t": expected})``."""
-    fmt = _input_format("x_t", x_t)
-    dtype = FORMAT_DTYPES[fmt]
+    ``(program, {"out_t": expected})``.
+
+    MX formats: FP8 arrays with ``block_scales = (s_x, s_w1, s_w2)``, uint8 E8M0 codes per
+    block of 32 rows along K and per column: ``s_x`` ``[ceil(d_in / 32), batch]``, ``s_w1``
+    ``[ceil(d_in / 32), hidden]``, ``s_w2`` ``[ceil(hidden / 32), d_out]`` (as
+    :func:`gemm`); as the float formats otherwise, ``out`` the FP8 element format (default)
+    or fp32. The activation engine has no MX quantiser: the hidden activations are cast to
+    the FP8 element format and enter layer 2 with unit scales (code 127, ``2**0``), which
+    the kernel supplies itself (input ``"h_scales"``); the other scales are inputs
+    re-laid per K tile (``"x_t_scales"``, ``"w1_scales"``, ``"w2_scales"``)."""
+    fmt, block_scales = _mx_format("x_t", _input_format("x_t", x_t), block_scales,
+                                   ("s_x", "s_w1", "s_w2"))
+    dtype = _dtype(fmt)
     floating = fmt != "int8"
+    mx = block_scales is not None
     x_t = _matrix("x_t", x_t, dtype)
     w1 = _matrix("w1", w1, dtype, rows=("d_in rows of x_t", x_t.shape[0]))
     w2 = _matrix("w2", w2, dtype, rows=("hidden columns of w1", w1.shape[1]))
     d_in, batch = x_t.shape
     hidden, d_out = w1.shape[1], w2.shape[1]
+    if mx:
+        s_x = _block_scales("block_scales[0] (s_x)", block_scales[0], d_in, batch, "x_t")
+        s_w1 = _block_scales("block_scales[1] (s_w1)", block_scales[1], d_in, hidden, "w1")
+        s_w2 = _block_scales("block_scales[2] (s_w2)", block_scales[2], hidden, d_out, "w2")
     bias_dtype = np.float32 if floating else np.int32
     b1 = _vector("b1", b1, hidden, bias_dtype)
     b2 = _vector("b2", b2, d_out, bias_dtype)
@@ -552,7 +746,7 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
                               "layer") from None
         scaling1 = {"scale": _scale("scales[0]", scale1)}
         scaling2 = {"scale": _scale("scales[1]", scale2)}
-        out = _out_format("out", out or fmt, fmt)
+        out = _out_format("out", out or _element(fmt), fmt)
     else:
         if scales is not None:
             raise KernelError(f"scales={scales!r}: are for float inputs; int8 takes requant")
@@ -574,6 +768,18 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     k = Kernel(cfg, name=name)
     X, W1, W2 = k.input("x_t", x_t), k.input("w1", w1), k.input("w2", w2)
     B1, B2 = k.input("b1", b1.reshape(hidden, 1)), k.input("b2", b2.reshape(d_out, 1))
+    fixed = _bias_bytes(cfg, hidden) + _bias_bytes(cfg, d_out)
+    if mx:
+        SX = k.input("x_t_scales", _tile_scales(s_x, d_in, cfg.pe_rows))
+        SW1 = k.input("w1_scales", _tile_scales(s_w1, d_in, cfg.pe_rows))
+        SW2 = k.input("w2_scales", _tile_scales(s_w2, hidden, P))
+        # Unit scales of the hidden activations: one K tile of layer 2 (ceil(P / 32)
+        # blocks) x the widest matmul, all 127.
+        unit_cols = min(cfg.moving_max, batch)
+        unit = np.full((-(-P // numerics.MX_BLOCK), unit_cols), numerics.E8M0_BIAS, np.uint8)
+        H_SCALES = k.input("h_scales", unit)
+        align = max(4, cfg.dma_bus_bytes)
+        fixed += -(-unit_cols // align) * align
     size = numerics.data_format(out).bytes
     OUT = k.output("out_t", (d_out, batch), FORMAT_DTYPES[out])
     hidden_tiles = -(-hidden // P)
@@ -582,24 +788,35 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
                       k_tiles=max(-(-d_in // cfg.pe_rows), hidden_tiles),
                       m_tiles=max(hidden_tiles, -(-d_out // P)),
                       moving_from_hbm=True, staging_out=size, resident_tiles=hidden_tiles,
-                      fixed_bytes=_bias_bytes(cfg, hidden) + _bias_bytes(cfg, d_out),
-                      element=element)
+                      fixed_bytes=fixed, element=element, mx=mx)
     bias1, bias2 = sched.load_bias(B1), sched.load_bias(B2)
+    unit_tile = None
+    if mx:
+        unit_tile = k.sbuf(unit.shape[0], unit_cols)
+        k.dma(unit_tile, H_SCALES)
     h_tiles = [k.sbuf(cfg.sbuf_partitions, hidden_tiles * sched.b_stride) for _ in range(2)]
-    hidden_format = fmt if floating else "int8"
+    hidden_format = _element(fmt) if floating else "int8"
     layer1 = _Layer(a=W1, K=d_in, M=hidden, kt_rows=cfg.pe_rows, moving=X, resident=None,
                     function="relu", scaling=scaling1, out=hidden_format, bias=bias1,
-                    dest=h_tiles, P=P, dtype=fmt)
+                    dest=h_tiles, P=P, dtype=fmt, a_scales=SW1 if mx else None,
+                    moving_scales=SX if mx else None)
     layer2 = _Layer(a=W2, K=hidden, M=d_out, kt_rows=P, moving=None, resident=h_tiles,
                     function="identity", scaling=scaling2, out=out, bias=bias2,
-                    dest=OUT, P=P, dtype=fmt)
+                    dest=OUT, P=P, dtype=fmt, a_scales=SW2 if mx else None,
+                    resident_scales=unit_tile)
     sched.run(step for block in range(len(sched.blocks))
               for layer in (layer1, layer2) for step in sched.steps(layer, block))
     if floating:
-        h = reference_activation_float(reference_matmul_float(w1, x_t, kt_rows=cfg.pe_rows),
-                                       bias=b1, relu=True, out=fmt, **scaling1)
-        y = reference_activation_float(reference_matmul_float(w2, h, kt_rows=P), bias=b2,
-                                       out=out, **scaling2)
+        h = reference_activation_float(
+            reference_matmul_float(w1, x_t, kt_rows=cfg.pe_rows,
+                                   block_scales=(s_w1, s_x) if mx else None),
+            bias=b1, relu=True, out=hidden_format, **scaling1)
+        h_scales = (np.full((-(-hidden // numerics.MX_BLOCK), batch), numerics.E8M0_BIAS,
+                            np.uint8) if mx else None)
+        y = reference_activation_float(
+            reference_matmul_float(w2, h, kt_rows=P,
+                                   block_scales=(s_w2, h_scales) if mx else None),
+            bias=b2, out=out, **scaling2)
     else:
         h = reference_activation(reference_matmul(cfg, w1, x_t), bias=b1, relu=True,
                                  out="int8", **scaling1)

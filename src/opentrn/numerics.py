@@ -159,22 +159,15 @@ assert max(f.code for f in DATA_FORMATS.values()) < 1 << FORMAT_CODE_BITS
 TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
 
 
-#: The tensor formats the hardware implements; the MX formats are modelled (golden) only.
-HARDWARE_TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2")
-
-
 def check_buildable(config, what):
-    """Raise ``ValueError`` unless the hardware can be built for ``config.dtypes``: formats
-    of :data:`HARDWARE_TENSOR_FORMATS` only, int8 among them. ``what`` names the refusing
-    block in the message (``"the tensor engine hardware"``)."""
-    dtypes = ",".join(config.dtypes)
-    missing = [name for name in config.dtypes if name not in HARDWARE_TENSOR_FORMATS]
-    if missing:
-        raise ValueError(f"dtypes={dtypes}: {what} implements "
-                         f"{', '.join(HARDWARE_TENSOR_FORMATS)}, not {', '.join(missing)} yet")
+    """Raise ``ValueError`` unless the hardware can be built for ``config.dtypes``: it
+    implements every tensor format, but its integer path (int8, the int32 accumulation and
+    requantisation) is always built, so ``dtypes`` must include int8 (the ``trn2``/``trn3``
+    presets, sized for projection, do not). ``what`` names the refusing block in the
+    message (``"the tensor engine hardware"``)."""
     if "int8" not in config.dtypes:
-        raise ValueError(f"dtypes={dtypes}: must include int8 ({what}'s integer path is "
-                         "always built)")
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: must include int8 ({what}'s "
+                         "integer path is always built)")
 
 
 def matmul_formats(config):
