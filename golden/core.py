@@ -198,9 +198,9 @@ class _Machine:
         """The E8M0 scales of ``count`` columns of a tile of ``rows`` rows: ``[blocks,
         count]`` for the ``ceil(pe_rows / 32)`` blocks of 32 rows, block ``b``'s from SBUF
         partition ``b`` at ``offset``; blocks past ``rows`` get 127 (``2**0``)."""
-        blocks = -(-self.config.pe_rows // numerics.MX_BLOCK)
+        blocks = numerics.mx_blocks(self.config)
         used = -(-rows // numerics.MX_BLOCK)
-        scales = np.full((blocks, count), 127, np.int64)
+        scales = np.full((blocks, count), numerics.E8M0_BIAS, np.int64)
         scales[:used] = self.images.sbuf[:used, offset:offset + count]
         return scales
 
@@ -233,8 +233,8 @@ class _Machine:
         self.stationary, self.tile, self.load_pending = tile, (rows, cols), True
         self.tile_format = fmt
         if fmt.mx:
-            self.tile_scales = np.full((-(-cfg.pe_rows // numerics.MX_BLOCK), cfg.pe_cols), 127,
-                                       np.int64)
+            self.tile_scales = np.full((numerics.mx_blocks(cfg), cfg.pe_cols),
+                                       numerics.E8M0_BIAS, np.int64)
             self.tile_scales[:, :cols] = self._scales(rows, f["scale_offset"], cols)
 
     def _check_matmul(self, f):

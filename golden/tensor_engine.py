@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from opentrn import numerics
+from opentrn.numerics import mx_blocks  # as the hardware's (hdl.tensor_engine.mx_blocks)
 
 from . import fp_adder, fp_multiplier
 from .processing_element import wrap
@@ -148,15 +149,6 @@ def matmul_bits(config, stationary, moving, format_name, *, scale_stationary=Non
     return matmul_float(stationary & mask, moving & mask, format_name,
                         scale_stationary=scale_stationary, scale_moving=scale_moving
                         ).astype(np.int64)
-
-
-def mx_blocks(config):
-    """Blocks of ``numerics.MX_BLOCK`` rows of the array of ``config`` (each with its own
-    scales): ``ceil(pe_rows / MX_BLOCK)`` when it has an MX format, else 0 (as
-    :func:`opentrn.hdl.tensor_engine.mx_blocks`)."""
-    if not any(fmt.mx for fmt in numerics.matmul_formats(config)):
-        return 0
-    return -(-config.pe_rows // numerics.MX_BLOCK)
 
 
 def _scales(config, name, scales, cols):

@@ -6,6 +6,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
+from opentrn.numerics import mx_blocks  # the layouts have a scale field when it is > 0
 
 from .processing_element import ProcessingElement
 
@@ -21,15 +22,6 @@ def formats(config):
     for a configuration the hardware cannot build (no int8)."""
     numerics.check_buildable(config, "the tensor engine hardware")
     return tuple(fmt.name for fmt in numerics.matmul_formats(config))
-
-
-def mx_blocks(config):
-    """The MX scale blocks of the array of ``config``: ``ceil(pe_rows / numerics.MX_BLOCK)``
-    when any of its formats is an MX format (row ``k`` is in block ``k // MX_BLOCK``), else
-    0 (the layouts then have no ``scale`` field)."""
-    if not any(fmt.mx for fmt in numerics.matmul_formats(config)):
-        return 0
-    return -(-config.pe_rows // numerics.MX_BLOCK)
 
 
 def _scale_fields(config):

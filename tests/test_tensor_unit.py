@@ -42,7 +42,7 @@ def _elements(image, offset, count, fmt):
 def _scales(cfg, image, rows, offset, count):
     """An MX operand's E8M0 scales ``[blocks, count]`` (docs/isa.md): block ``b``'s from
     partition ``b`` at ``offset`` for the blocks of the tile's ``rows``, 127 past them."""
-    blocks = -(-cfg.pe_rows // numerics.MX_BLOCK)
+    blocks = numerics.mx_blocks(cfg)
     scales = np.full((blocks, count), numerics.E8M0_BIAS, dtype=np.int64)
     used = -(-rows // numerics.MX_BLOCK)
     scales[:used] = image[:used, offset:offset + count]

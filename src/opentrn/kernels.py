@@ -409,7 +409,8 @@ class _Schedule:
                         if moving_from_hbm else [])
         self.staging = ([k.sbuf(self.P, width * staging_out) for _ in range(2)]
                         if staging_out else [])
-        # MX: the scales of the slots above, block b of each K tile in partition b.
+        # MX: the scales of the slots above, block b of each K tile (pe_rows rows) in
+        # partition b.
         scale_parts = -(-cfg.pe_rows // numerics.MX_BLOCK)
         self.a_scale_slots = ([k.sbuf(scale_parts, kts * mb * self.P) for _ in range(2)]
                               if mx else [])

@@ -23,7 +23,7 @@ import numpy as np
 __all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
            "data_format", "FLOAT_FORMATS", "FP32", "BF16", "FP8E4M3", "FP8E5M2",
            "MX_BLOCK", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
-           "to_bits", "from_bits", "bit_length"]
+           "to_bits", "from_bits", "bit_length", "mx_blocks"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,15 @@ def matmul_formats(config):
     """The :class:`DataFormat` s a ``MATMUL``/``LOAD_STATIONARY`` of a build for ``config`` may
     name: its ``dtypes``, in code order. Any other code is ``ILLEGAL_OPCODE``."""
     return tuple(sorted((DATA_FORMATS[name] for name in config.dtypes), key=lambda f: f.code))
+
+
+def mx_blocks(config):
+    """The MX scale blocks of the tensor engine of ``config``: ``ceil(pe_rows / MX_BLOCK)``
+    (row ``k`` is in block ``k // MX_BLOCK``, whose scales SBUF partition ``b`` holds) when
+    one of its formats is an MX format, else 0."""
+    if not any(fmt.mx for fmt in matmul_formats(config)):
+        return 0
+    return -(-config.pe_rows // MX_BLOCK)
 
 
 def float_formats(config):
