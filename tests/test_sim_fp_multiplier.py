@@ -1,7 +1,7 @@
 """The floating-point multiplier RTL under cocotb on both simulators: every FP8 x FP8 product
 of both FP8 formats, every pair again for the MX formats with corner-seeking scales, 10**6
-random BF16 and 10**5 random FP32 products (tests/conftest.py, FP_VECTORS), each
-bit-exact against the golden model, and
+random BF16 and 10**5 random FP32 products (a tenth of those on Icarus in the suite:
+tests/conftest.py, FP_VECTORS), each bit-exact against the golden model, and
 the corners actually reached. Build variants (format subsets) on Amaranth's simulator."""
 
 import numpy as np
