@@ -64,7 +64,7 @@ def main(argv=None):
                         a = rng.integers(-128, 128, (m, k)).astype(np.int8)
                         b = rng.integers(-128, 128, (k, n)).astype(np.int8)
                     else:
-                        element = fmt.element.name if fmt.mx else dtype
+                        element = fmt.element.name
                         a, b = (rng.standard_normal(shape).astype(np.float32).astype(
                             FORMAT_DTYPES[element]) for shape in ((m, k), (k, n)))
                     if fmt.mx:

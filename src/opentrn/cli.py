@@ -100,8 +100,7 @@ def _random_inputs(rng, shape, dtype):
     from opentrn.kernel import FORMAT_DTYPES
     if dtype == "int8":
         return rng.integers(-128, 128, shape).astype(np.int8)
-    fmt = numerics.data_format(dtype)
-    element = fmt.element.name if fmt.mx else dtype
+    element = numerics.data_format(dtype).element.name
     return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[element])
 
 
