@@ -45,6 +45,12 @@ def check(name, config):
         # A valid configuration (projections use it) that the hardware cannot build.
         raise ConfigError(f"{exc} (try --set dtypes={','.join(('int8', *config.dtypes))})"
                           ) from None
+    if config.pe_macs_per_cycle:
+        # The PEs have one multiplier each: rates above 1 MAC per cycle are what the
+        # projections assume of a Trainium core, not something this RTL implements.
+        raise ConfigError(f"pe_macs_per_cycle={config.pe_macs_per_cycle!r}: the hardware does "
+                          "one MAC per PE per cycle in every format; rates above 1 are for "
+                          "projections only (try --set pe_macs_per_cycle=)")
     if name == "core":
         check_core(config)
 

@@ -10,13 +10,13 @@ from opentrn.isa import Fault, Opcode, layout
 from .dma import QUEUE_DEPTH, SIZE_BITS, _addr_bits, descriptor_layout
 from .sequencer import POINTER_BITS
 
-__all__ = ["DmaUnit", "BYTES_BITS"]
+__all__ = ["DmaUnit", "BYTES_BITS", "IN_FLIGHT"]
 
 #: Width of the byte count of one descriptor: ``(n0 << 3) * n1 * n2``.
 BYTES_BITS = 3 * SIZE_BITS + 3
 #: Descriptors accepted and not yet finished: the DMA's queue, the running one, and one in
 #: the hand-over register.
-_IN_FLIGHT = QUEUE_DEPTH + 2
+IN_FLIGHT = QUEUE_DEPTH + 2
 
 _SIDE_FIELDS = ("addr", "partition", "stride1", "stride2", "pstep1", "pstep2")
 
@@ -91,7 +91,7 @@ class DmaUnit(wiring.Component):
         # Unbuffered: an entry is readable the cycle after it is written, whenever the
         # descriptor finishes.
         m.submodules.sizes = sizes = fifo.SyncFIFO(width=BYTES_BITS + POINTER_BITS,
-                                                   depth=_IN_FLIGHT)
+                                                   depth=IN_FLIGHT)
         m.d.comb += [
             self.descriptor.valid.eq(self.instruction.valid & sizes.w_rdy),
             self.instruction.ready.eq(self.descriptor.ready & sizes.w_rdy),

@@ -18,21 +18,21 @@ from .partitioned_memory import (
 )
 from .tensor_engine import TensorEngine, formats, mx_blocks
 
-__all__ = ["TensorUnit"]
+__all__ = ["TensorUnit", "LOAD_JOBS", "MATMUL_JOBS", "LOAD_WORDS", "MATMUL_WORDS"]
 
 #: Instructions each path holds (executing and queued), so that the next ones are accepted
 #: while the current ones run: loads alternate with matmuls, so two loads suffice.
-_LOAD_JOBS = 2
-_MATMUL_JOBS = 4
+LOAD_JOBS = 2
+MATMUL_JOBS = 4
 #: SBUF words each path buffers (received or requested). With a request granted every cycle
 #: a word is reserved for 3 cycles (request, response, use), so 3 keep one-word matmuls back
 #: to back; the fourth absorbs irregular grants (the port is shared with two other readers).
 #: A load's columns wait for the array anyway, so 2 suffice to have them ready in time.
-_LOAD_WORDS = 2
-_MATMUL_WORDS = 4
+LOAD_WORDS = 2
+MATMUL_WORDS = 4
 #: Bits of an instruction's sequence number: twice the jobs that can be queued, so that the
 #: older of two queued jobs is told by the sign of the difference.
-_SEQUENCE_BITS = ceil_log2(_LOAD_JOBS + _MATMUL_JOBS) + 1
+_SEQUENCE_BITS = ceil_log2(LOAD_JOBS + MATMUL_JOBS) + 1
 
 
 def _has_wide(config):
@@ -385,19 +385,19 @@ class TensorUnit(wiring.Component):
         self._check(m, loaded, load_pending, tile_format)
 
         partitions = sbuf.geometry(cfg)[0]
-        loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=_LOAD_JOBS,
-                              words=_LOAD_WORDS, col_max=m_cols, partitions=partitions,
+        loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=LOAD_JOBS,
+                              words=LOAD_WORDS, col_max=m_cols, partitions=partitions,
                               element_bits=cfg.in_bits)
         matmuls = _ColumnReader(m, "matmul", config=cfg, layout=_matmul_job(cfg),
-                                jobs=_MATMUL_JOBS, words=_MATMUL_WORDS, col_max=cfg.moving_max,
+                                jobs=MATMUL_JOBS, words=MATMUL_WORDS, col_max=cfg.moving_max,
                                 partitions=partitions, element_bits=cfg.in_bits)
         # With an MX format, each path has a second reader for its MX jobs' scales (block b
         # in partition b); its queue holds the path's MX jobs, in the same order.
         blocks = mx_blocks(cfg)
         scale_of = {}
         if blocks:
-            for path, jobs, words, col_max in ((loads, _LOAD_JOBS, _LOAD_WORDS, m_cols),
-                                               (matmuls, _MATMUL_JOBS, _MATMUL_WORDS,
+            for path, jobs, words, col_max in ((loads, LOAD_JOBS, LOAD_WORDS, m_cols),
+                                               (matmuls, MATMUL_JOBS, MATMUL_WORDS,
                                                 cfg.moving_max)):
                 name = "load_scales" if path is loads else "matmul_scales"
                 scale_of[path] = _ColumnReader(m, name, config=cfg,
@@ -407,7 +407,7 @@ class TensorUnit(wiring.Component):
 
         # Program order of retirement: one bit per accepted instruction (1: a load). Deep
         # enough for every instruction in the queues and the array with one-vector matmuls.
-        order_depth = 2 * (k_rows + m_cols) + _LOAD_JOBS + _MATMUL_JOBS
+        order_depth = 2 * (k_rows + m_cols) + LOAD_JOBS + MATMUL_JOBS
         m.submodules.order = order = SyncFIFO(width=1, depth=order_depth)
 
         # -- accept --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from opentrn import cli, config
+from opentrn import cli, config, kernels
 from opentrn.cli import main
 from opentrn.kernel import same_bits
 from opentrn.sim import runner
@@ -90,7 +90,7 @@ def test_mx_kernels_of_the_cli_on_the_golden_machine(argv, dtype):
         else {"a_t_scales", "b_scales"}
     assert scales <= set(program.inputs)
     codes = program.read_inputs()[min(scales)]
-    assert codes.dtype == np.uint8 and codes.min() >= cli.MX_SCALE_CODES[0]
+    assert codes.dtype == np.uint8 and codes.min() >= kernels.MX_SCALE_CODES[0]
     outputs, outcome = program.run()
     for name, value in expected.items():
         assert same_bits(outputs[name], value), name
@@ -128,6 +128,9 @@ def test_demo_json_and_waves(sim, dtype, tmp_path):
     assert set(report["engine_busy"]) == {"dma", "tensor", "activation"}
     assert all(0 < value <= report["cycles"] for value in report["engine_busy"].values())
     assert report["dma_bytes"] > 0
+    # The cycle model predicted every counter.
+    assert report["prediction_exact"] is True and report["predicted"]["cycles"] == \
+        report["cycles"]
     assert report["vcd"] == str(vcd) and vcd.exists()
     # Progress went to stderr, the report alone to stdout.
     assert "simulating" in completed.stderr
@@ -161,3 +164,135 @@ def test_run_text_report(argv, capsys):
     out = capsys.readouterr().out
     assert "PASS: bit-exact against numpy and the golden machine" in out
     assert "mismatches        0 (golden machine: 0 bytes)" in out
+
+
+# -- opentrn project ---------------------------------------------------------------------------
+
+def test_project_peaks_text_and_json(capsys):
+    assert main(["project", "--preset", "trn3", "--peaks"]) == 0
+    out = capsys.readouterr().out
+    assert "| core | bf16 | TFLOPS | 78.64 | 79 | -0.45% |" in out
+    assert "| core | mxfp8e4m3 | TFLOPS | 314.57 | 315 | -0.14% |" in out
+    # The chip page's figure and the per-core figure x 8, each with its difference.
+    assert "| chip | bf16 | TFLOPS | 629.15 | 671 | -6.24% | 632 | -0.45% |" in out
+    assert "| core | fp32 | TFLOPS | - | 20 | - |" in out
+    assert main(["project", "--preset", "trn2", "--peaks", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["published"] == "trn2" and report["preset"] == "trn2"
+    fp8 = [row for row in report["rows"] if (row["level"], row["quantity"]) ==
+           ("core", "fp8e4m3")][0]
+    assert fp8["published"] == 158 and abs(fp8["diff_pct"]) < 1
+    # Overrides keep the base preset's published figures beside the changed model.
+    assert main(["project", "--preset", "trn3", "--set", "pe_macs_per_cycle=", "--peaks",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    mx = [row for row in report["rows"] if (row["level"], row["quantity"]) ==
+          ("core", "mxfp8e4m3")][0]
+    assert report["preset"] == "trn3 + overrides" and mx["published"] == 315
+    assert mx["diff_pct"] == pytest.approx(-75, abs=0.2)
+
+
+def test_project_gemm_json_and_text(capsys):
+    assert main(["project", "--preset", "trn3", "--gemm", "2048,1024,512", "--chips", "4",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gemm"] == {"m": 2048, "k": 1024, "n": 512} and report["dtype"] == "bf16"
+    assert [level["level"] for level in report["levels"]] == [
+        "1 core", "1 chip (8 cores)", "4 chips (tensor)"]
+    keys = {"cycles", "seconds", "comm_s", "achieved_flops", "peak_flops", "utilization",
+            "intensity", "ridge", "bound", "flops", "hbm_bytes", "core_split"}
+    assert all(keys <= set(level) for level in report["levels"])
+    assert report["levels"][2]["comm_s"] > 0 and report["levels"][0]["comm_s"] == 0
+    assert main(["project", "--preset", "trn3", "--gemm", "1024,1024,1024", "--dtype",
+                 "mxfp8e4m3", "--cores", "2", "--parallel", "data", "--chips", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "4 MAC/PE/cycle in mxfp8e4m3" in out
+    assert "| 1 chip (2 cores) |" in out and "| 2 chips (data) |" in out
+
+
+def test_project_transformer_scaling_and_scalesim(capsys):
+    assert main(["project", "--preset", "trn3", "--transformer", "1024,4096,16,256,2",
+                 "--chips", "2", "--scaling", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chips"] == 2 and len(report["ops"]) == 14
+    assert [curve[0]["parallel"] for curve in report["scaling"]] == ["data", "tensor"]
+    assert report["scaling"][0][-1]["chips"] == 1_000_000
+    assert main(["project", "--preset", "trn3", "--transformer", "1024,4096,16,256,2"]) == 0
+    out = capsys.readouterr().out
+    assert "| softmax | vector |" in out and "achieved" in out
+    assert main(["project", "--preset", "tiny", "--gemm", "16,16,16", "--compare-scalesim",
+                 "--json"]) == 0
+    compare = json.loads(capsys.readouterr().out)["scalesim"]
+    assert compare["scalesim_cycles"] == 16 * (2 * 4 + 4 + 16 - 2)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "trn3", "--gemm", "1,2"],
+     "opentrn project: error: --gemm=1,2: must be three positive integers M,K,N"),
+    (["--preset", "trn3", "--gemm", "1,0,2"], "--gemm=1,0,2: must be three positive integers"),
+    (["--preset", "trn3", "--transformer", "8,8"],
+     "--transformer=8,8: must be five positive integers d_model,d_ff,heads,seq,batch"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--dtype", "int8"],
+     "--dtype=int8: not among this build's formats, dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,"
+     "mxfp8e5m2 (add it with --set dtypes=...)"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--chips", "0"], "--chips=0: must be at least 1"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--cores", "9"],
+     "--cores=9: must be between 1 and cores_per_chip=8"),
+    (["--preset", "trn3", "--transformer", "1024,4096,16,256,2", "--chips", "32"],
+     "--chips=32: tensor parallelism splits the heads: must be at most heads=16"),
+    (["--preset", "tiny", "--gemm", "8,8,8", "--chips", "2"],
+     "link_bytes_per_s=0.0: must be positive to project on chips=2"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--hop-latency", "-1"],
+     "--hop-latency=-1.0: must not be negative"),
+    (["--preset", "trn3", "--peaks", "--compare-rtl"], "--compare-rtl: needs --gemm M,K,N"),
+    (["--preset", "trn3", "--transformer", "64,64,2,8,1", "--compare-scalesim"],
+     "--compare-scalesim: needs --gemm M,K,N"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--compare-rtl", "--sim", "icarus"],
+     "dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: must include int8"),
+    (["--preset", "trn3", "--set", "dtypes=int8,bf16,mxfp8e4m3,mxfp8e5m2", "--gemm", "8,8,8",
+      "--compare-rtl", "--sim", "icarus"],
+     "pe_macs_per_cycle=('mxfp8e4m3:4', 'mxfp8e5m2:4'): the hardware does one MAC per PE per "
+     "cycle in every format; rates above 1 are for projections only (try --set "
+     "pe_macs_per_cycle=)"),
+])
+def test_project_errors(argv, message, capsys):
+    assert main(["project", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_project_needs_exactly_one_workload(capsys):
+    for argv in ([], ["--peaks", "--gemm", "8,8,8"]):
+        with pytest.raises(SystemExit) as info:
+            main(["project", "--preset", "trn3", *argv])
+        assert info.value.code == 2
+    assert "one of the arguments --peaks --gemm --transformer is required" in \
+        capsys.readouterr().err
+
+
+def test_project_plot_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "gemm.png"
+    assert main(["project", "--preset", "trn3", "--gemm", "1024,1024,1024", "--chips", "8",
+                 "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot: {path}" in capsys.readouterr().out
+    path = tmp_path / "layer.png"
+    assert main(["project", "--preset", "trn3", "--transformer", "1024,4096,16,256,2",
+                 "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.sim
+def test_project_compare_rtl(capsys):
+    """Predicted against measured counters of a tiny GEMM on the core RTL (Icarus)."""
+    require_simulator("icarus")
+    assert main(["project", "--preset", "tiny", "--gemm", "8,8,8", "--compare-rtl", "--sim",
+                 "icarus", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is True and report["kernel"] == "bf16 gemm 8x8x8"
+    counters = {row["counter"]: row for row in report["counters"]}
+    assert {"cycles", "dma_busy", "tensor_busy", "activation_busy", "dma_wait", "tensor_wait",
+            "activation_wait"} <= set(counters)
+    assert all(row["difference"] == row["predicted"] - row["measured"]
+               for row in counters.values())
+    assert counters["tensor_busy"]["measured"] == 2 * 2 * 8    # 2 x 2 tiles of 8 vectors

@@ -27,6 +27,7 @@ def test_small_presets():
     ("trn3", "v4", "trainium3", "trn3_ultraserver"),
 ])
 def test_trainium_presets_carry_the_published_figures(name, core, chip, system):
+    core_name, chip_name, system_name = core, chip, system
     ref = config.reference()
     core, chip, system = ref["neuroncore"][core], ref["chip"][chip], ref["system"][system]
     cfg = config.preset(name)
@@ -43,6 +44,8 @@ def test_trainium_presets_carry_the_published_figures(name, core, chip, system):
     assert cfg.hbm_bytes_per_s == chip["hbm_tb_s"] * 1e12
     assert cfg.link_bytes_per_s == chip["link_tb_s"] * 1e12
     assert cfg.chips_per_server == system["chips"]
+    # The projection compares the preset against these same tables.
+    assert config.PUBLISHED[name] == (core_name, chip_name, system_name)
 
 
 def test_trn3_sizes():
@@ -178,3 +181,81 @@ def test_buffers_are_whole_bus_words(overrides, message, whole):
     assert message in str(info.value)
     # Whole bus words are accepted.
     config.resolve("tiny", overrides=whole)
+
+
+# -- pe_macs_per_cycle --------------------------------------------------------------------------
+
+def test_pe_macs_per_cycle_of_the_presets():
+    # The ratios of the published per-core figures (reference file): v3 fp8 158 = 2 x bf16 79,
+    # v4 mxfp8 315 = 4 x 79; v4's plain FP8 rate is not published and stays 1.
+    assert config.preset("trn2").pe_macs_per_cycle == ("fp8e4m3:2", "fp8e5m2:2")
+    assert config.preset("trn3").pe_macs_per_cycle == ("mxfp8e4m3:4", "mxfp8e5m2:4")
+    trn3 = config.preset("trn3")
+    assert [trn3.macs_per_pe_cycle(fmt) for fmt in trn3.dtypes] == [1, 1, 1, 4, 4]
+    for name in ("tiny", "small", "fpga"):
+        cfg = config.preset(name)
+        assert cfg.pe_macs_per_cycle == ()
+        assert {cfg.macs_per_pe_cycle(fmt) for fmt in cfg.dtypes} == {1}
+
+
+def test_macs_per_pe_cycle_refuses_a_format_outside_dtypes():
+    with pytest.raises(ConfigError, match="format='int8': not among this build's formats, "
+                                          "dtypes=bf16,fp8e4m3,fp8e5m2"):
+        config.preset("trn2").macs_per_pe_cycle("int8")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("int4:2", "pe_macs_per_cycle=('int4:2',): 'int4:2' names a format not in dtypes=int8,"),
+    ("int8", "pe_macs_per_cycle=('int8',): 'int8' must have the form format:count"),
+    ("bf16:two", "'bf16:two' must have the form format:count with an integer count"),
+    ("bf16:3", "pe_macs_per_cycle=('bf16:3',): 'bf16:3' must have a count that is a power of "
+               "two from 1 to 16"),
+    ("bf16:0", "'bf16:0' must have a count that is a power of two from 1 to 16"),
+    ("bf16:32", "'bf16:32' must have a count that is a power of two from 1 to 16"),
+    ("bf16:2,bf16:4", "pe_macs_per_cycle=('bf16:2', 'bf16:4'): 'bf16:4' repeats the format "
+                      "bf16 (each format at most once)"),
+])
+def test_pe_macs_per_cycle_rules(value, message):
+    with pytest.raises(ConfigError) as info:
+        config.resolve("tiny", overrides=[f"pe_macs_per_cycle={value}"])
+    assert message in str(info.value)
+
+
+def test_pe_macs_per_cycle_types_from_python():
+    tiny = config.preset("tiny")
+    with pytest.raises(ConfigError, match="pe_macs_per_cycle='bf16:2': must be a list of "
+                                          "format:count items"):
+        tiny.replace(pe_macs_per_cycle="bf16:2")
+    with pytest.raises(ConfigError, match=r"pe_macs_per_cycle=\(2,\): 2 must be a string"):
+        tiny.replace(pe_macs_per_cycle=(2,))
+    # Dropping a format from dtypes that still has a rate is refused.
+    with pytest.raises(ConfigError, match="'mxfp8e4m3:4' names a format not in dtypes=bf16"):
+        config.resolve("trn3", overrides=["dtypes=bf16"])
+
+
+def test_pe_macs_per_cycle_round_trips_through_set_toml_and_json(tmp_path):
+    cfg = config.resolve("tiny", overrides=["pe_macs_per_cycle=fp8e4m3:2, bf16:1"])
+    assert cfg.pe_macs_per_cycle == ("fp8e4m3:2", "bf16:1")
+    assert (cfg.macs_per_pe_cycle("fp8e4m3"), cfg.macs_per_pe_cycle("bf16"),
+            cfg.macs_per_pe_cycle("int8")) == (2, 1, 1)
+    assert 'pe_macs_per_cycle = ["fp8e4m3:2", "bf16:1"]' in cfg.to_toml()
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    assert config.resolve(file=path) == cfg
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert cfg.digest() != config.preset("tiny").digest()
+    # An empty value clears the list (what the hardware needs of trn2/trn3).
+    assert config.resolve("trn3", overrides=["pe_macs_per_cycle="]).pe_macs_per_cycle == ()
+
+
+def test_the_hardware_refuses_mac_rates_above_one():
+    from opentrn.hdl import check
+    cfg = config.resolve("tiny", overrides=["pe_macs_per_cycle=fp8e4m3:2"])
+    for top in ("core", "tensor_engine"):
+        with pytest.raises(ConfigError) as info:
+            check(top, cfg)
+        assert str(info.value) == (
+            "pe_macs_per_cycle=('fp8e4m3:2',): the hardware does one MAC per PE per cycle in "
+            "every format; rates above 1 are for projections only (try --set "
+            "pe_macs_per_cycle=)")
+    check("core", cfg.replace(pe_macs_per_cycle=()))

@@ -10,7 +10,7 @@ from amaranth.sim import Simulator
 
 from opentrn import config, isa
 from opentrn.hdl.dma import _addr_bits
-from opentrn.hdl.dma_unit import _IN_FLIGHT, DmaUnit
+from opentrn.hdl.dma_unit import IN_FLIGHT, DmaUnit
 
 Opcode, Fault = isa.Opcode, isa.Fault
 CONFIGS = {
@@ -115,8 +115,8 @@ def test_descriptors_and_retires(name):
 
             assert ctx.get(dut.active) == bool(unfinished), cycle
             # The unit takes a descriptor only while it can record its byte count: at most
-            # _IN_FLIGHT unfinished (a finish frees its entry from the next cycle).
-            room = len(unfinished) < _IN_FLIGHT
+            # IN_FLIGHT unfinished (a finish frees its entry from the next cycle).
+            room = len(unfinished) < IN_FLIGHT
             assert ctx.get(dut.retire) == done, cycle
             if done:
                 assert ctx.get(dut.retire_bytes) == unfinished[0][1], cycle
@@ -153,4 +153,4 @@ def test_descriptors_and_retires(name):
     _sim(dut, bench)
     # The unit holds the byte counts of the DMA's queue, the running descriptor and the
     # hand-over register, and no more.
-    assert stats["max_unfinished"] == _IN_FLIGHT and stats["back_to_back"] > 20
+    assert stats["max_unfinished"] == IN_FLIGHT and stats["back_to_back"] > 20

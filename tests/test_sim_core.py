@@ -7,7 +7,7 @@ every job, with a soft reset between them, so the reset is exercised too."""
 import numpy as np
 import pytest
 
-from opentrn import config, isa, kernels, numerics
+from opentrn import config, cycle_model, isa, kernels, numerics
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import same_bits
@@ -286,6 +286,8 @@ def test_core_runs_kernels_and_faults_like_the_golden_machine(sim):
         assert 0 < counters["tensor_busy"] <= counters["cycles"], label
         assert 0 < counters["activation_busy"] <= counters["cycles"], label
         assert 0 < counters["dma_busy"] <= counters["cycles"], label
+        # The cycle model predicts every counter (docs/performance.md, "The cycle model").
+        assert cycle_model.predict(program) == counters, label
 
     for (label, hbm, pointers, fault), outcome in zip(fault_jobs, outcomes[len(kernel_jobs):],
                                                       strict=True):
@@ -314,6 +316,9 @@ def test_core_is_exact_with_hbm_latency_and_backpressure():
         assert np.array_equal(outcome.hbm, reference.hbm[:len(program.hbm)]), label
         outputs = program.read_outputs(outcome.hbm)
         assert all(np.array_equal(outputs[name], value) for name, value in expected.items())
+        # Random latency and stalls are not modelled: the zero-latency prediction is a lower
+        # bound of every run (docs/performance.md, "The cycle model").
+        assert outcome.counters["cycles"] >= cycle_model.predict(program)["cycles"], label
 
 
 @pytest.mark.sim
@@ -332,6 +337,7 @@ def test_tensor_engine_is_busy_90_percent_on_a_compute_bound_gemm():
     assert counters["macs"] == 128 ** 3
     assert counters["tensor_busy"] * TINY.peak_macs_per_cycle == counters["macs"]
     assert counters["tensor_busy"] / counters["cycles"] >= 0.90, counters
+    assert cycle_model.predict(program) == counters
 
 
 

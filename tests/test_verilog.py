@@ -55,4 +55,5 @@ def test_a_build_without_int8_is_refused():
                                          "engine hardware's integer path"):
         TensorEngine(config=config.preset("trn3"))
     with pytest.raises(ValueError, match="dtypes=bf16: must include int8"):
-        TensorEngine(config=config.preset("trn2").replace(dtypes=("bf16",)))
+        TensorEngine(config=config.preset("trn2").replace(dtypes=("bf16",),
+                                                          pe_macs_per_cycle=()))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from opentrn import numerics
 
-__all__ = ["Config", "ConfigError", "PRESETS", "DTYPES", "preset", "resolve", "parse_overrides",
-           "load_file", "reference"]
+__all__ = ["Config", "ConfigError", "PRESETS", "PUBLISHED", "DTYPES", "preset", "resolve",
+           "parse_overrides", "load_file", "reference"]
 
 
 class ConfigError(ValueError):
@@ -57,6 +57,12 @@ class Config:
         ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, ``mxfp8e4m3``, ``mxfp8e5m2``
         (docs/numerics.md). The hardware builds ``int8`` so far; the float formats are
         modelled by the golden models and the projections.
+    pe_macs_per_cycle : tuple of str
+        Multiply-accumulates per PE per cycle of a format, as ``"format:count"`` items
+        (``("mxfp8e4m3:4", "mxfp8e5m2:4")``); a format not listed does 1. Each count is a
+        power of two from 1 to 16. For projections only (:mod:`opentrn.projection`): the
+        hardware does one MAC per PE per cycle in every format and refuses a build where
+        this is not empty (``opentrn.hdl.check``).
     acc_bits : int
         Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
         any float format is in ``dtypes``.
@@ -85,6 +91,7 @@ class Config:
     pe_rows: int
     pe_cols: int
     dtypes: tuple
+    pe_macs_per_cycle: tuple = ()
     acc_bits: int
     moving_max: int
     sbuf_partitions: int
@@ -116,7 +123,8 @@ class Config:
             else:
                 ok = isinstance(value, expected) and not isinstance(value, bool)
             if expected is tuple and not ok:
-                raise ConfigError(f"{f.name}={value!r}: must be a list of format names")
+                raise ConfigError(f"{f.name}={value!r}: must be a list of "
+                                  f"{_TUPLE_ITEMS[f.name]}")
             if not ok:
                 raise ConfigError(
                     f"{f.name}={value!r}: must be of type {expected.__name__}")
@@ -133,6 +141,7 @@ class Config:
                                                      for name in self.dtypes),
              f"must be a non-empty list of {', '.join(DTYPES)}")
         rule("dtypes", len(set(self.dtypes)) == len(self.dtypes), "must not repeat a format")
+        self._pe_macs()         # checks pe_macs_per_cycle
         floats = [name for name in self.dtypes if name != "int8"]
         if floats:
             rule("acc_bits", self.acc_bits == 32,
@@ -178,6 +187,37 @@ class Config:
         if self.chips_per_server > 1:
             rule("link_bytes_per_s", self.link_bytes_per_s > 0,
                  f"must be positive when chips_per_server={self.chips_per_server} > 1")
+
+    def _pe_macs(self):
+        """``pe_macs_per_cycle`` as a dict ``{format: count}``, or :class:`ConfigError` for
+        the first item that breaks a rule."""
+        rates = {}
+        for item in self.pe_macs_per_cycle:
+            def refuse(text, item=item):
+                raise ConfigError(f"pe_macs_per_cycle={self.pe_macs_per_cycle!r}: {item!r} {text}")
+            if not isinstance(item, str):
+                refuse("must be a string format:count (e.g. mxfp8e4m3:4)")
+            name, sep, count = item.partition(":")
+            name, count = name.strip(), count.strip()
+            if not sep or not count.isdecimal():
+                refuse("must have the form format:count with an integer count (e.g. "
+                       "mxfp8e4m3:4)")
+            if name not in self.dtypes:
+                refuse(f"names a format not in dtypes={','.join(self.dtypes)}")
+            if not (_is_pow2(int(count)) and int(count) <= 16):
+                refuse("must have a count that is a power of two from 1 to 16")
+            if name in rates:
+                refuse(f"repeats the format {name} (each format at most once)")
+            rates[name] = int(count)
+        return rates
+
+    def macs_per_pe_cycle(self, fmt):
+        """Multiply-accumulates one PE completes per cycle in format ``fmt``
+        (``pe_macs_per_cycle``; 1 for a format not listed there)."""
+        if fmt not in self.dtypes:
+            raise ConfigError(f"format={fmt!r}: not among this build's formats, dtypes="
+                              f"{','.join(self.dtypes)}")
+        return self._pe_macs().get(fmt, 1)
 
     # -- derived sizes ----------------------------------------------------------------------
 
@@ -237,7 +277,8 @@ class Config:
 
 
 _FIELD_TYPES = {
-    "pe_rows": int, "pe_cols": int, "dtypes": tuple, "acc_bits": int, "moving_max": int,
+    "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
+    "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,
     "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
@@ -245,6 +286,8 @@ _FIELD_TYPES = {
     "hbm_bytes_per_s": float, "link_bytes_per_s": float,
 }
 assert list(_FIELD_TYPES) == [f.name for f in fields(Config)]
+#: What the items of each tuple field are, for the type error.
+_TUPLE_ITEMS = {"dtypes": "format names", "pe_macs_per_cycle": "format:count items"}
 
 
 def _unknown_key(key):
@@ -261,7 +304,7 @@ def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries):
     dma_bus_bytes = 8
     clock_hz = 100_000_000
     return dict(
-        pe_rows=n, pe_cols=n, dtypes=("int8",), acc_bits=32,
+        pe_rows=n, pe_cols=n, dtypes=("int8",), pe_macs_per_cycle=(), acc_bits=32,
         moving_max=psum_bank_entries,
         sbuf_partitions=n, sbuf_bytes_per_partition=sbuf_kib * _KiB,
         psum_banks=psum_banks, psum_bank_entries=psum_bank_entries,
@@ -279,7 +322,16 @@ def reference():
         return tomllib.load(f)
 
 
-def _trainium_core(core, chip, system, dtypes):
+#: The tables of the reference file (:func:`reference`) each Trainium preset is built from
+#: and published against: ``(neuroncore, chip, system)``. The presets and the projection's
+#: published columns (:mod:`opentrn.projection`) both read this one mapping.
+PUBLISHED = {
+    "trn2": ("v3", "trainium2", "trn2_ultraserver"),
+    "trn3": ("v4", "trainium3", "trn3_ultraserver"),
+}
+
+
+def _trainium_core(core, chip, system, dtypes, pe_macs_per_cycle):
     """A NeuronCore of the published figures: ``core``, ``chip`` and ``system`` name tables
     of the reference file."""
     ref = reference()
@@ -287,7 +339,8 @@ def _trainium_core(core, chip, system, dtypes):
     psum_bytes = core["psum_kib_per_partition"] * _KiB
     psum_bank_entries = 512                  # "8 banks x 512 fp32 per partition" [nki-arch]
     return dict(
-        pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtypes=dtypes, acc_bits=32,
+        pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtypes=dtypes,
+        pe_macs_per_cycle=pe_macs_per_cycle, acc_bits=32,
         moving_max=psum_bank_entries,        # N <= 512: one PSUM bank [nki-arch]
         sbuf_partitions=core["pe_rows"],
         sbuf_bytes_per_partition=core["sbuf_kib_per_partition"] * _KiB,
@@ -317,11 +370,16 @@ PRESETS = {
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
              "hbm_bytes": 128 * _MiB},
     # The formats of the published throughput figures (the reference file): BF16 and FP8 on
-    # both, MXFP8 on Trainium3 (nc_matmul_mx).
-    "trn2": _trainium_core("v3", "trainium2", "trn2_ultraserver",
-                           ("bf16", "fp8e4m3", "fp8e5m2")),
-    "trn3": _trainium_core("v4", "trainium3", "trn3_ultraserver",
-                           ("bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")),
+    # both, MXFP8 on Trainium3 (nc_matmul_mx). The MAC rates are the ratios of the published
+    # per-core figures: NeuronCore-v3 tflops_fp8 158 = 2 x tflops_bf16 79, NeuronCore-v4
+    # tflops_mxfp8 315 = 4 x 79; the peaks are then derived, 2 x pe_rows x pe_cols x rate x
+    # clock (opentrn project --peaks), not copied. NeuronCore-v4's plain FP8 rate is not
+    # published, so trn3 leaves fp8e4m3/fp8e5m2 at 1 rather than guess 2.
+    "trn2": _trainium_core(*PUBLISHED["trn2"], ("bf16", "fp8e4m3", "fp8e5m2"),
+                           ("fp8e4m3:2", "fp8e5m2:2")),
+    "trn3": _trainium_core(*PUBLISHED["trn3"],
+                           ("bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2"),
+                           ("mxfp8e4m3:4", "mxfp8e5m2:4")),
 }
 
 

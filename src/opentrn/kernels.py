@@ -344,6 +344,52 @@ class _Step:
     moving_scales: SbufTile | None = None   # MX: the slot of K tile kt0 on, or unit scales
 
 
+def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out,
+                   fixed_bytes, resident_tiles, element=1, mx=False):
+    """The library kernels' tiling (docs/kernels.md, "The schedule"): ``(width, kts, m_block)``,
+    the columns of a block, the K tiles of a step and the M tiles per stationary descriptor,
+    the largest that fit the SBUF (the arguments are :class:`_Schedule`'s). Also the cycle
+    model's fast path (:func:`opentrn.cycle_model.gemm`) sizes its steps with it."""
+    P, chunk = cfg.pe_cols, cfg.moving_max
+    banks_per_group = max(1, cfg.psum_banks // 2)
+    align = max(4, cfg.dma_bus_bytes)
+
+    def al(x):
+        return -(-x // align) * align
+
+    budget = cfg.sbuf_bytes_per_partition
+
+    def need(kts, w, mb=1):
+        e = element
+        scales = (2 * al(kts * mb * P) + (2 * al(kts * w) if moving_from_hbm else 0)
+                  if mx else 0)
+        return (2 * al(kts * mb * P * e) + (2 * al(kts * w * e) if moving_from_hbm else 0)
+                + (2 * al(w * staging_out) if staging_out else 0)
+                + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes
+                + scales)
+
+    width = min(columns, banks_per_group * chunk)
+    while True:
+        kts = k_tiles
+        while kts > 1 and need(kts, width) > budget:
+            kts = max(1, min(kts - 1, kts * budget // max(1, need(kts, width))))
+        if need(kts, width) <= budget:
+            break
+        if width == 1:
+            raise KernelError(
+                f"sbuf_bytes_per_partition={budget}: too small for this kernel even with "
+                f"one column per block and one K tile per step (needs "
+                f"{need(1, 1)} bytes per partition)")
+        width = max(1, width // 2)
+    # Stationary tiles of up to MAX_M_BLOCK M tiles per descriptor (fewer, longer rows),
+    # when K is not cut into parts (else each part's tiles are needed at another step).
+    mb = 1
+    if kts >= k_tiles:
+        while mb < min(m_tiles, MAX_M_BLOCK) and need(kts, width, mb + 1) <= budget:
+            mb += 1
+    return width, kts, mb
+
+
 class _Schedule:
     """Tiles, sizes and the emission of a list of layers over column blocks."""
 
@@ -362,42 +408,10 @@ class _Schedule:
         self.chunk = cfg.moving_max
         self.groups = 2 if cfg.psum_banks >= 2 else 1
         self.banks_per_group = max(1, cfg.psum_banks // 2)
-        align = max(4, cfg.dma_bus_bytes)
-
-        def al(x):
-            return -(-x // align) * align
-
-        budget = cfg.sbuf_bytes_per_partition
-
-        def need(kts, w, mb=1):
-            e = element
-            scales = (2 * al(kts * mb * self.P) + (2 * al(kts * w) if moving_from_hbm else 0)
-                      if mx else 0)
-            return (2 * al(kts * mb * self.P * e) + (2 * al(kts * w * e) if moving_from_hbm
-                                                     else 0)
-                    + (2 * al(w * staging_out) if staging_out else 0)
-                    + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes
-                    + scales)
-
-        width = min(columns, self.banks_per_group * self.chunk)
-        while True:
-            kts = k_tiles
-            while kts > 1 and need(kts, width) > budget:
-                kts = max(1, min(kts - 1, kts * budget // max(1, need(kts, width))))
-            if need(kts, width) <= budget:
-                break
-            if width == 1:
-                raise KernelError(
-                    f"sbuf_bytes_per_partition={budget}: too small for this kernel even with "
-                    f"one column per block and one K tile per step (needs "
-                    f"{need(1, 1)} bytes per partition)")
-            width = max(1, width // 2)
-        # Stationary tiles of up to MAX_M_BLOCK M tiles per descriptor (fewer, longer rows),
-        # when K is not cut into parts (else each part's tiles are needed at another step).
-        mb = 1
-        if kts >= k_tiles:
-            while mb < min(m_tiles, MAX_M_BLOCK) and need(kts, width, mb + 1) <= budget:
-                mb += 1
+        width, kts, mb = schedule_shape(
+            cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
+            moving_from_hbm=moving_from_hbm, staging_out=staging_out, fixed_bytes=fixed_bytes,
+            resident_tiles=resident_tiles, element=element, mx=mx)
         self.width, self.kts, self.m_block = width, kts, mb
         self.element = element
         self.a_stride = mb * self.P * element    # bytes of one K tile in a stationary slot
@@ -824,3 +838,67 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
         y = reference_activation(reference_matmul(cfg, w2, h), bias=b2, relu=False, out=out,
                                  **scaling2).astype(OUT.dtype)
     return k.build(), {"out_t": y}
+
+
+# -- random inputs and kernels (the CLI's ``run``, tests, benchmarks) -------------------------
+
+#: Random E8M0 scale codes of the MX formats, from ``low`` to ``high - 1``: ``2**-3`` to
+#: ``2**3`` per operand, so that the scaled sums stay mostly within FP8 range.
+MX_SCALE_CODES = (124, 131)
+
+
+def random_inputs(rng, shape, dtype):
+    """Random int8 values, or normal values rounded to the float format ``dtype`` (an MX
+    format: its FP8 element format)."""
+    if dtype == "int8":
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    element = numerics.data_format(dtype).element.name
+    return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[element])
+
+
+def random_scales(rng, rows, cols):
+    """Random E8M0 scale codes (uint8) of an MX operand of ``rows`` x ``cols``: one per
+    block of 32 rows and per column (:data:`MX_SCALE_CODES`)."""
+    return rng.integers(*MX_SCALE_CODES, (-(-rows // numerics.MX_BLOCK), cols)).astype(
+        np.uint8)
+
+
+def random_bias(rng, size, dtype, span):
+    """A random bias: int32 in ``[-span, span)`` for int8, else standard normal FP32."""
+    if dtype == "int8":
+        return rng.integers(-span, span, size).astype(np.int32)
+    return rng.standard_normal(size).astype(np.float32)
+
+
+def random_kernel(config: Config, rng, *, largest: int) -> tuple[str, Program]:
+    """A library kernel of random kind (GEMM, GEMM + bias + ReLU, MLP), format (one of
+    ``config.dtypes``) and shape (each dimension 1 to ``largest``, half that for the MLP's),
+    with random inputs: ``(label, program)``. For comparing timing models with the RTL."""
+    dtype = str(rng.choice(config.dtypes))
+    kind = str(rng.choice(["gemm", "gemm-relu", "mlp"], p=[0.5, 0.25, 0.25]))
+    mx = numerics.data_format(dtype).mx
+    scaling = {} if dtype == "int8" else {"scales": (0.25, 0.25)}
+    if kind == "mlp":
+        batch, d_in, hidden, d_out = (int(x) for x in rng.integers(1, largest // 2 + 2, 4))
+        x_t, w1 = random_inputs(rng, (d_in, batch), dtype), random_inputs(rng, (d_in, hidden),
+                                                                          dtype)
+        w2 = random_inputs(rng, (hidden, d_out), dtype)
+        b1, b2 = random_bias(rng, hidden, dtype, 2000), random_bias(rng, d_out, dtype, 2000)
+        if mx:
+            scaling["block_scales"] = (random_scales(rng, d_in, batch),
+                                       random_scales(rng, d_in, hidden),
+                                       random_scales(rng, hidden, d_out))
+        requant = ((1, 7), (1, 7)) if dtype == "int8" else None
+        program, _ = mlp(config, x_t, w1, b1, w2, b2, requant=requant, **scaling)
+        return f"{dtype} mlp {batch}x{d_in}x{hidden}x{d_out}", program
+    m, k, n = (int(x) for x in rng.integers(1, largest + 1, 3))
+    a, b = random_inputs(rng, (m, k), dtype), random_inputs(rng, (k, n), dtype)
+    extra = ({"block_scales": (random_scales(rng, k, m), random_scales(rng, k, n))}
+             if mx else {})
+    if kind == "gemm-relu":
+        bias = random_bias(rng, m, dtype, 4000)
+        requant = {"multiplier": 1, "shift": 8} if dtype == "int8" else {"scale": 0.125}
+        program, _ = gemm_bias_relu(config, a.T.copy(), b, bias, **requant, **extra)
+    else:
+        program, _ = gemm(config, a.T.copy(), b, **extra)
+    return f"{dtype} {kind} {m}x{k}x{n}", program

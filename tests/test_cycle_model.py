@@ -1,0 +1,187 @@
+"""The cycle model (``opentrn.cycle_model``) against the core RTL's performance counters:
+equal, counter for counter, on random GEMM, GEMM + bias + ReLU and MLP shapes in every input
+format of the build; and its fast path against it. The kernels of tests/test_sim_core.py and
+the CLI's demo are compared there (the same equality)."""
+
+import numpy as np
+import pytest
+
+from opentrn import config, cycle_model, kernels, numerics
+from opentrn.isa import Opcode, encode
+from opentrn.kernel import Kernel
+from opentrn.sim.core import run_images, run_programs
+
+from .conftest import require_simulator
+
+#: Random kernels per preset: (preset, simulator, count, largest dimension). ``small`` runs
+#: on Icarus (one Verilator build per configuration is more than the suite's budget, as for
+#: the block testbenches) with shapes small enough for its speed.
+RANDOM_RUNS = [("tiny", "verilator", 30, 48), ("small", "icarus", 22, 24)]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("preset, sim, count, largest", RANDOM_RUNS,
+                         ids=[f"{p}-{s}" for p, s, _, _ in RANDOM_RUNS])
+def test_predicted_counters_equal_the_rtls_on_random_kernels(preset, sim, count, largest):
+    """Every performance counter (cycles, the engines' busy and wait cycles, DMA bytes,
+    MACs) predicted equals the RTL's, on shapes that are and are not multiples of the
+    array, in every format of the build."""
+    require_simulator(sim)
+    cfg = config.preset(preset)
+    rng = np.random.default_rng(606 + len(preset))
+    jobs = [kernels.random_kernel(cfg, rng, largest=largest) for _ in range(count)]
+    images = [(program.hbm, program.programs) for _, program in jobs]
+    jobs += [(label, None) for label, _ in _hand_written(cfg)]
+    images += [image for _, image in _hand_written(cfg)]
+    outcomes, _ = run_images(cfg, images, sim=sim)
+    for (label, _), (hbm, pointers), outcome in zip(jobs, images, outcomes, strict=True):
+        assert cycle_model.simulate(cfg, hbm, pointers) == outcome.counters, label
+
+
+@pytest.mark.sim
+def test_predicted_counters_equal_the_rtls_with_a_fixed_hbm_latency():
+    """An HBM that answers every burst a fixed number of cycles later (sim/hbm.py's
+    ``latency=(L, L)``) is modelled exactly too."""
+    sim = "verilator"
+    require_simulator(sim)
+    cfg = config.preset("tiny")
+    rng = np.random.default_rng(77)
+    jobs = [kernels.random_kernel(cfg, rng, largest=40) for _ in range(6)]
+    latency = 23
+    outcomes, _ = run_programs([program for _, program in jobs], sim=sim,
+                               latency=(latency, latency))
+    for (label, program), outcome in zip(jobs, outcomes, strict=True):
+        assert cycle_model.predict(program, latency=latency) == outcome.counters, label
+        assert outcome.counters["cycles"] > cycle_model.predict(program)["cycles"], label
+
+
+def _hand_written(cfg):
+    """Programs the kernel API does not write: ``[(label, (hbm, pointers))]``."""
+    end = encode(Opcode.END)
+    load = encode(Opcode.LOAD_STATIONARY, rows=cfg.pe_rows, cols=cfg.pe_cols)
+    k = Kernel(cfg, "copy")
+    x = k.input("x", np.arange(cfg.pe_rows * 4, dtype=np.int8).reshape(cfg.pe_rows, 4))
+    y = k.output("y", (cfg.pe_rows, 4), np.int8)
+    tile = k.sbuf(cfg.pe_rows, 4)
+    k.dma(tile[:, 0:4], x[:, :])
+    k.dma(y[:, :], tile[:, 0:4])
+    copy = k.build()
+    # The paths the library kernels do not take: a PSUM -> HBM DMA, an activation from the
+    # SBUF (int8, with a bias), SBUF -> SBUF and HBM -> HBM copies at odd offsets.
+    k = Kernel(cfg, "paths")
+    rows, cols = cfg.pe_rows, cfg.pe_cols
+    a = k.input("a", np.arange(rows * cols, dtype=np.int8).reshape(rows, cols))
+    x = k.input("x", np.arange(rows * 11, dtype=np.int8).reshape(rows, 11))
+    bias = k.input("bias", np.arange(cols, dtype=np.int32).reshape(cols, 1))
+    acc = k.output("acc", (cols, 11), np.int32)
+    y = k.output("y", (cols, 9), np.int8)
+    z = k.output("z", (rows, 11), np.int8)
+    stationary, moving, out = k.sbuf(rows, cols), k.sbuf(rows, 16), k.sbuf(rows, 24)
+    bias_tile = k.sbuf(rows, 4)
+    psum = k.psum(11)
+    k.dma(stationary[:, 0:cols], a[:, :])
+    k.dma(moving[:, 0:11], x[:, :])
+    k.dma(bias_tile[0:cols, 0:4], bias[:, :])
+    k.load_stationary(stationary[:, 0:cols])
+    k.matmul(psum[:, 0:11], moving[:, 0:11])
+    k.dma(acc[:, :], psum[:, 0:11])
+    k.activation(out[0:cols, 3:12], moving[0:cols, 1:10], function="relu", multiplier=3,
+                 shift=1, bias=bias_tile[0:cols, 0:4])
+    k.dma(y[:, :], out[0:cols, 3:12])
+    k.dma(out[:, 13:24], moving[:, 0:11])
+    k.dma(z[:, :], x[:, :])
+    paths = k.build()
+    return [
+        ("three ENDs", _program([end, end, end])),
+        ("a load and a 3-vector matmul of zeros", _program(
+            [end, load + encode(Opcode.MATMUL, n=3) + end, end])),
+        ("NOPs with waits and signals across engines", _program([
+            encode(Opcode.NOP, signal=1, signal_sem=0) + end,
+            encode(Opcode.NOP, wait=1, wait_sem=0, wait_value=1, signal=1, signal_sem=1)
+            + end,
+            encode(Opcode.NOP, wait=1, wait_sem=1, wait_value=1) + end])),
+        ("a DMA copy through the SBUF", (copy.hbm, copy.programs)),
+        ("PSUM to HBM, activation from the SBUF, buffer and HBM copies",
+         (paths.hbm, paths.programs)),
+    ]
+
+
+def _program(streams):
+    """An HBM image of three raw streams at 0x0, 0x1000, 0x2000."""
+    hbm = np.zeros(0x3000, np.uint8)
+    for index, code in enumerate(streams):
+        hbm[index * 0x1000:index * 0x1000 + len(code)] = np.frombuffer(code, np.uint8)
+    return hbm, (0x0, 0x1000, 0x2000)
+
+
+def test_programs_outside_the_model_are_refused():
+    """A program that would fault has no prediction: an illegal opcode, and a deadlock
+    (the RTL's DEADLOCK fault) are refused with the reason, not timed."""
+    cfg = config.preset("tiny")
+    end = encode(Opcode.END)
+    hbm, pointers = _program([encode(Opcode.MATMUL, n=1), end, end])
+    with pytest.raises(cycle_model.ModelError, match="illegal opcode at pc=0"):
+        cycle_model.simulate(cfg, hbm, pointers)
+    wait = encode(Opcode.NOP, wait=1, wait_sem=0, wait_value=1)
+    hbm, pointers = _program([end, wait + end, end])
+    with pytest.raises(cycle_model.ModelError, match="deadlock"):
+        cycle_model.simulate(cfg, hbm, pointers)
+
+
+# -- the fast path ---------------------------------------------------------------------------
+
+#: Shapes both the instruction-level model and the fast path run, on tiny and small (the
+#: larger ones on small only, where they take fewer cycles of the model;
+#: benchmarks/cycle_model_accuracy.py compares them all on both).
+FAST_SHAPES = [(1, 1, 1), (16, 16, 16), (7, 13, 29), (64, 64, 64)]
+LARGE_SHAPES = [(32, 256, 32), (256, 32, 64), (100, 60, 90), (128, 128, 128)]
+#: The largest relative difference of the fast path's cycles from predict() on those
+#: shapes (docs/performance.md has the table): the fast path models each step's overlap,
+#: not the cycle-by-cycle arbitration.
+FAST_PATH_BOUND = 0.15
+
+
+@pytest.mark.parametrize("preset, dtype", [("tiny", "int8"), ("tiny", "bf16"),
+                                           ("tiny", "mxfp8e4m3"), ("small", "int8")])
+def test_fast_path_agrees_with_the_model(preset, dtype):
+    """The fast path's MACs, tensor-busy cycles and DMA bytes equal the instruction-level
+    model's on every shape; its cycles are within FAST_PATH_BOUND."""
+    cfg = config.preset(preset)
+    rng = np.random.default_rng(9)
+    mx = numerics.data_format(dtype).mx
+    for m, k, n in FAST_SHAPES + (LARGE_SHAPES if preset == "small" else []):
+        a, b = (kernels.random_inputs(rng, shape, dtype) for shape in ((m, k), (k, n)))
+        extra = ({"block_scales": (kernels.random_scales(rng, k, m),
+                                   kernels.random_scales(rng, k, n))} if mx else {})
+        program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
+        exact = cycle_model.predict(program)
+        fast = cycle_model.gemm(cfg, m, k, n, dtype=dtype)
+        label = f"{preset} {dtype} {m}x{k}x{n}"
+        assert (fast.macs, fast.tensor_busy, fast.dma_bytes) == \
+            (exact["macs"], exact["tensor_busy"], exact["dma_bytes"]), label
+        assert abs(fast.cycles - exact["cycles"]) <= FAST_PATH_BOUND * exact["cycles"], \
+            (label, fast.cycles, exact["cycles"])
+
+
+def test_fast_path_scales_to_trainium3():
+    """An 8192^3 GEMM on a trn3 core: every MAC counted, the array's rate for the format,
+    and no more cycles than the DMA and the array need at least."""
+    cfg = config.preset("trn3")
+    size = 8192
+    for dtype in ("bf16", "mxfp8e4m3"):
+        est = cycle_model.gemm(cfg, size, size, size, dtype=dtype)
+        rate = cycle_model.macs_per_pe_cycle(cfg, dtype)
+        assert est.macs == size ** 3
+        assert est.tensor_busy * cfg.pe_rows * cfg.pe_cols * rate == size ** 3
+        assert est.cycles >= est.tensor_busy
+        assert est.cycles >= est.dma_bytes / cycle_model.dma_bytes_per_cycle(cfg)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 4, 4, "int8"), "m=0: must be a positive integer"),
+    ((4, 4, 4, "fp32"), "dtype='fp32': not among this configuration's formats"),
+])
+def test_fast_path_errors_name_the_field(args, message):
+    m, k, n, dtype = args
+    with pytest.raises(ValueError, match=message):
+        cycle_model.gemm(config.preset("small"), m, k, n, dtype=dtype)
