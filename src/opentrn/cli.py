@@ -67,14 +67,27 @@ def _cmd_verilog(args):
     return 0
 
 
-def _preset_label(args):
-    """The preset a run's configuration comes from, and whether a file or overrides changed
-    it: ``tiny``, ``small + overrides``."""
+def _base_preset(args):
+    """The preset named by ``--preset`` or the file's ``preset`` key (None: the default)."""
     base = args.preset
     if base is None and args.file:
         base = configuration.load_file(args.file).get("preset")
-    label = base or "tiny"
+    return base
+
+
+def _preset_label(args):
+    """The preset a run's configuration comes from, and whether a file or overrides changed
+    it: ``tiny``, ``small + overrides``."""
+    label = _base_preset(args) or "tiny"
     return f"{label} + overrides" if args.file or args.overrides else label
+
+
+def _check_dtype(dtype, cfg):
+    """``--dtype``, unless the build lacks it."""
+    if dtype not in cfg.dtypes:
+        raise ConfigError(f"--dtype={dtype}: not among this build's formats, dtypes="
+                          f"{','.join(cfg.dtypes)} (add it with --set dtypes=...)")
+    return dtype
 
 
 def _positive(name, value):
@@ -94,10 +107,7 @@ def _build_kernel(args, cfg):
 
     from opentrn import kernels, numerics
     rng = np.random.default_rng(args.seed)
-    dtype = args.dtype
-    if dtype not in cfg.dtypes:
-        raise ConfigError(f"--dtype={dtype}: not among this build's formats, dtypes="
-                          f"{','.join(cfg.dtypes)} (add it with --set dtypes=...)")
+    dtype = _check_dtype(args.dtype, cfg)
     mx = numerics.data_format(dtype).mx
     # Float scales keep the outputs in range; int8 requantizes by a shift instead.
     scaling = ({} if dtype == "int8" else {"scales": (0.25, 0.25)})
@@ -305,18 +315,13 @@ def _project_dtype(args, cfg):
         # bf16, the format of the published headline figures, when the build has it.
         return "bf16" if "bf16" in cfg.dtypes else ("int8" if "int8" in cfg.dtypes
                                                     else cfg.dtypes[0])
-    if args.dtype not in cfg.dtypes:
-        raise ConfigError(f"--dtype={args.dtype}: not among this build's formats, dtypes="
-                          f"{','.join(cfg.dtypes)} (add it with --set dtypes=...)")
-    return args.dtype
+    return _check_dtype(args.dtype, cfg)
 
 
 def _published(args):
     """The preset whose published figures the report shows beside the model's: the base
     preset of the configuration, when it has published figures."""
-    base = args.preset
-    if base is None and args.file:
-        base = configuration.load_file(args.file).get("preset")
+    base = _base_preset(args)
     return base if base in configuration.PUBLISHED else None
 
 

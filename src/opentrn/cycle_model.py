@@ -37,6 +37,7 @@ from opentrn import isa, numerics
 from opentrn.hdl.activation_engine import STAGES as ACT_STAGES
 from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
 from opentrn.hdl.axi4 import BOUNDARY_BYTES
+from opentrn.hdl.core import COUNTERS as CORE_COUNTERS
 from opentrn.hdl.dma import GEARBOX_WORDS, MAX_BURST, MAX_OUTSTANDING
 from opentrn.hdl.dma import QUEUE_DEPTH as DMA_QUEUE_DEPTH
 from opentrn.hdl.dma_unit import IN_FLIGHT as DMA_SIZES_DEPTH
@@ -45,11 +46,10 @@ from opentrn.hdl.tensor_unit import LOAD_JOBS, LOAD_WORDS, MATMUL_JOBS, MATMUL_W
 from opentrn.isa import Engine, Opcode
 
 __all__ = ["COUNTERS", "ModelError", "predict", "simulate", "gemm", "Estimate",
-           "dma_bytes_per_cycle", "macs_per_pe_cycle"]
+           "dma_bytes_per_cycle"]
 
-#: The timing counters the model predicts (the names of docs/registers.md).
-COUNTERS = ("cycles", "dma_busy", "tensor_busy", "activation_busy", "dma_wait",
-            "tensor_wait", "activation_wait", "dma_bytes", "macs")
+#: The counters the model predicts: all of the core's (docs/registers.md), in their order.
+COUNTERS = CORE_COUNTERS
 
 # The RTL's structure constants come from its blocks (above); these are the timing of the
 # testbench's memory and of one FIFO, which have no named constant there.
@@ -131,24 +131,24 @@ class _Hbm:
 
 
 class _Walker:
-    """hdl/access_pattern.py: the rows of one side of a descriptor, word by word."""
+    """hdl/access_pattern.py: the rows of one side of a descriptor, word by word (the
+    partitions do not change the timing: only the byte addresses are kept)."""
 
-    __slots__ = ("width", "shift", "n1", "n2", "row_bytes", "stride1", "stride2", "pstep1",
-                 "pstep2", "active", "cur", "row_end", "i1", "i2", "plane_addr", "partition",
-                 "plane_part")
+    __slots__ = ("width", "shift", "n1", "n2", "row_bytes", "stride1", "stride2", "active",
+                 "cur", "row_end", "i1", "i2", "plane_addr")
 
     def __init__(self, width):
         self.width = width
         self.shift = width.bit_length() - 1
         self.active = False
 
-    def load(self, addr, partition, stride1, stride2, pstep1, pstep2, n1, n2, row_bytes):
+    def load(self, addr, stride1, stride2, n1, n2, row_bytes):
         self.n1, self.n2, self.row_bytes = n1, n2, row_bytes
-        self.stride1, self.stride2, self.pstep1, self.pstep2 = stride1, stride2, pstep1, pstep2
+        self.stride1, self.stride2 = stride1, stride2
         self.active = True
-        self.plane_addr, self.plane_part = addr, partition
+        self.plane_addr = addr
         self.i1 = self.i2 = 0
-        self.cur, self.row_end, self.partition = addr, addr + row_bytes, partition
+        self.cur, self.row_end = addr, addr + row_bytes
 
     def words_left(self):
         return ((self.row_end - 1) >> self.shift) - (self.cur >> self.shift) + 1
@@ -174,14 +174,11 @@ class _Walker:
             self.i1 += 1
             start = self.row_end - self.row_bytes + self.stride1
             self.cur, self.row_end = start, start + self.row_bytes
-            self.partition += self.pstep1
         elif self.i2 + 1 < self.n2:
             self.i1 = 0
             self.i2 += 1
             self.plane_addr += self.stride2
-            self.plane_part += self.pstep2
             self.cur, self.row_end = self.plane_addr, self.plane_addr + self.row_bytes
-            self.partition = self.plane_part
         else:
             self.active = False
 
@@ -280,7 +277,7 @@ class _Reader:
     """One column reader of the tensor unit (hdl/tensor_unit.py ``_ColumnReader``)."""
 
     __slots__ = ("jobs", "words", "width", "queue", "gen_pos", "gen_index", "reserved",
-                 "stored", "col", "responding")
+                 "stored", "col")
 
     def __init__(self, jobs, words, width):
         self.jobs, self.words, self.width = jobs, words, width
@@ -793,8 +790,7 @@ class _Core:
             row_bytes = d["n0"] << d["elem_log2"]
             for walker, side in ((dma.src_issue, "src"), (dma.src_take, "src"),
                                  (dma.dst_issue, "dst"), (dma.dst_put, "dst")):
-                walker.load(d[f"{side}_addr"], d[f"{side}_partition"], d[f"{side}_stride1"],
-                            d[f"{side}_stride2"], d[f"{side}_pstep1"], d[f"{side}_pstep2"],
+                walker.load(d[f"{side}_addr"], d[f"{side}_stride1"], d[f"{side}_stride2"],
                             d["n1"], d["n2"], row_bytes)
             dma.running = True
             dma.state = "RUN"
@@ -841,13 +837,15 @@ class _Core:
         mm_last = mm_take and matmuls.col == mm_job["count"] - 1
         load_mx = bool(loads.queue) and loads.queue[0]["mx"]
         mm_mx = mm_job is not None and mm_job["mx"]
-        takes = {id(loads): (load_take, load_finish), id(matmuls): (mm_take, mm_last)}
+        # (take, finish) of each reader, in the order of self.readers: a path's scale
+        # reader follows its path for the MX jobs.
+        takes = [(load_take, load_finish), (mm_take, mm_last)]
         if self.mx:
-            takes[id(self.scales["load"])] = (load_take and load_mx, load_finish and load_mx)
-            takes[id(self.scales["matmul"])] = (mm_take and mm_mx, mm_last and mm_mx)
+            takes += [(load_take and load_mx, load_finish and load_mx),
+                      (mm_take and mm_mx, mm_last and mm_mx)]
         swap = mm_first and mm_job["swap"]
-        for index, reader in enumerate(self.readers):
-            take, finish = takes[id(reader)]
+        for index, (reader, (take, finish)) in enumerate(zip(self.readers, takes,
+                                                             strict=True)):
             self._reader_commit(reader, port_granted and owner == index, responding == index,
                                 take, finish)
         self.te_locked = request_valid and not port_granted
@@ -1019,13 +1017,6 @@ class Estimate:
     steps: int              # steps of the schedule (docs/kernels.md)
 
 
-def macs_per_pe_cycle(config, dtype):
-    """Multiply-accumulates a PE does per cycle in ``dtype``: the configuration's
-    ``pe_macs_per_cycle`` entry (projection presets), else 1 (the hardware)."""
-    rate = getattr(config, "macs_per_pe_cycle", None)
-    return rate(dtype) if rate is not None else 1
-
-
 def dma_bytes_per_cycle(config):
     """The core's DMA bandwidth in bytes per cycle: ``dma_engines`` buses of
     ``dma_bus_bytes``, at most the core's share of the chip's HBM bandwidth."""
@@ -1058,7 +1049,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     K, P, chunk = config.pe_rows, config.pe_cols, config.moving_max
     W = config.dma_bus_bytes
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
-    rate = macs_per_pe_cycle(config, dtype)
+    rate = config.macs_per_pe_cycle(dtype)
     out = 4                                              # int32 or FP32 results
     k_tiles, m_tiles = -(-k // K), -(-m // P)
     width, kts, mb = kernels.schedule_shape(
