@@ -295,4 +295,6 @@ def test_project_compare_rtl(capsys):
             "activation_wait"} <= set(counters)
     assert all(row["difference"] == row["predicted"] - row["measured"]
                for row in counters.values())
+    # The cycle model predicts every counter exactly.
+    assert report["exact"] is True, counters
     assert counters["tensor_busy"]["measured"] == 2 * 2 * 8    # 2 x 2 tiles of 8 vectors

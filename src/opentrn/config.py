@@ -55,8 +55,9 @@ class Config:
     dtypes : tuple of str
         Input formats the tensor engine of this build supports (each matmul names one):
         ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, ``mxfp8e4m3``, ``mxfp8e5m2``
-        (docs/numerics.md). The hardware builds ``int8`` so far; the float formats are
-        modelled by the golden models and the projections.
+        (docs/numerics.md). The hardware builds every one of them and always the int8 path,
+        so a hardware build must list ``int8``; the ``trn2``/``trn3`` presets, which list
+        their published float formats only, are for the golden models and projections.
     pe_macs_per_cycle : tuple of str
         Multiply-accumulates per PE per cycle of a format, as ``"format:count"`` items
         (``("mxfp8e4m3:4", "mxfp8e5m2:4")``); a format not listed does 1. Each count is a
