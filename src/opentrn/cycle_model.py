@@ -445,7 +445,6 @@ class _Core:
         self.act_out_address = 0
         self.act_write_valid = False
         self.act_write_last = False
-        self.act_bias_due = False
 
     # -- the cycle ----------------------------------------------------------------------------
 
