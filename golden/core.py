@@ -180,12 +180,13 @@ class _Machine:
 
     # -- tensor engine ----------------------------------------------------------------------
 
-    def _element_bytes(self, f):
-        """Bytes of one element of the instruction's ``format``; ``ILLEGAL_OPCODE`` for a
-        format the build lacks."""
+    def _column_bytes(self, f):
+        """Bytes of one column of the instruction's ``format`` in a partition
+        (``numerics.column_bytes``: its MACs per PE per cycle x its element bytes);
+        ``ILLEGAL_OPCODE`` for a format the build lacks."""
         codes = {fmt.code: fmt for fmt in numerics.matmul_formats(self.config)}
         _require(f["format"] in codes, isa.Fault.ILLEGAL_OPCODE)
-        return codes[f["format"]].bytes
+        return numerics.column_bytes(self.config, codes[f["format"]].name)
 
     def _check_scales(self, f, count):
         """An MX instruction's scales (``count`` bytes from ``scale_offset``) lie in the
@@ -195,18 +196,19 @@ class _Machine:
                      isa.Fault.OUT_OF_RANGE)
 
     def _scales(self, rows, offset, count):
-        """The E8M0 scales of ``count`` columns of a tile of ``rows`` rows: ``[blocks,
-        count]`` for the ``ceil(pe_rows / 32)`` blocks of 32 rows, block ``b``'s from SBUF
-        partition ``b`` at ``offset``; blocks past ``rows`` get 127 (``2**0``)."""
+        """The E8M0 scales of ``count`` columns of a tile of ``rows`` rows (partitions):
+        ``[blocks, count]`` for the ``mx_blocks`` blocks of 32 elements of K
+        (``mx_block_rows`` partitions each), block ``b``'s from SBUF partition ``b`` at
+        ``offset``; blocks that start past ``rows`` get 127 (``2**0``)."""
         blocks = numerics.mx_blocks(self.config)
-        used = -(-rows // numerics.MX_BLOCK)
+        used = -(-rows // numerics.mx_block_rows(self.config))
         scales = np.full((blocks, count), numerics.E8M0_BIAS, np.int64)
         scales[:used] = self.images.sbuf[:used, offset:offset + count]
         return scales
 
     def _check_load(self, f):
         cfg = self.config
-        size = self._element_bytes(f)
+        size = self._column_bytes(f)
         _require(not self.load_pending, isa.Fault.BAD_FIELD)
         _require(1 <= f["rows"] <= cfg.pe_rows and 1 <= f["cols"] <= cfg.pe_cols,
                  isa.Fault.BAD_FIELD)
@@ -216,20 +218,27 @@ class _Machine:
         self._check_scales(f, f["cols"])
 
     def _elements(self, rows, offset, count, fmt):
-        """``count`` elements of ``fmt`` from byte ``offset`` of SBUF partitions ``< rows``:
-        int8 values, or the codes of a float format (``[rows, count]`` int64)."""
-        size = fmt.bytes
-        raw = self.images.sbuf[:rows, offset:offset + count * size]
+        """``count`` columns of ``fmt`` from byte ``offset`` of SBUF partitions ``< rows``:
+        int8 values, or the codes of a float format, ``[rows * r, count]`` int64 with ``r``
+        the format's MACs per PE per cycle: column ``c`` of partition ``p`` holds the ``r``
+        consecutive elements ``p * r .. p * r + r - 1`` of K, the first at the lowest
+        address."""
+        rate = self.config.macs_per_pe_cycle(fmt.name)
+        raw = self.images.sbuf[:rows, offset:offset + count * rate * fmt.bytes].copy()
         if fmt.element is None:
-            return raw.view(np.int8).astype(np.int64)
-        return raw.copy().view(np.dtype(fmt.element.uint_type).newbyteorder("<")).astype(np.int64)
+            values = raw.view(np.int8)
+        else:
+            values = raw.view(np.dtype(fmt.element.uint_type).newbyteorder("<"))
+        values = values.astype(np.int64).reshape(rows, count, rate)
+        return values.transpose(0, 2, 1).reshape(rows * rate, count)
 
     def _load(self, f):
         cfg = self.config
         rows, cols, offset = f["rows"], f["cols"], f["sbuf_offset"]
         fmt = numerics.format_of_code(f["format"])
-        tile = np.zeros((cfg.pe_rows, cfg.pe_cols), np.int64)
-        tile[:rows, :cols] = self._elements(rows, offset, cols, fmt)
+        tile = np.zeros((tensor_engine.contraction(cfg, fmt.name), cfg.pe_cols), np.int64)
+        elements = self._elements(rows, offset, cols, fmt)
+        tile[:len(elements), :cols] = elements
         self.stationary, self.tile, self.load_pending = tile, (rows, cols), True
         self.tile_format = fmt
         if fmt.mx:
@@ -239,7 +248,7 @@ class _Machine:
 
     def _check_matmul(self, f):
         cfg = self.config
-        size = self._element_bytes(f)
+        size = self._column_bytes(f)
         _require(self.stationary is not None, isa.Fault.BAD_FIELD)
         _require(1 <= f["n"] <= cfg.moving_max, isa.Fault.BAD_FIELD)
         _require(f["sbuf_offset"] % size == 0, isa.Fault.BAD_FIELD)
@@ -257,8 +266,9 @@ class _Machine:
         rows, cols = self.tile
         # Outside the tile nothing contributes: partitions >= rows enter as 0, PSUM
         # partitions >= cols receive 0 (a float 0 * inf would be NaN).
-        moving = np.zeros((cfg.pe_rows, n), np.int64)
-        moving[:rows] = self._elements(rows, offset, n, fmt)
+        moving = np.zeros((tensor_engine.contraction(cfg, fmt.name), n), np.int64)
+        elements = self._elements(rows, offset, n, fmt)
+        moving[:len(elements)] = elements
         bank, entry = f["psum_bank"], f["psum_entry"]
         if fmt.element is None:
             out = tensor_engine.matmul(cfg, self.stationary, moving)      # [M, n], wrapped
@@ -276,7 +286,7 @@ class _Machine:
                 psum = self._psum_read(bank, entry, n) & 0xFFFF_FFFF
                 out = fp_adder.add(psum, out)
         self._psum_store(bank, entry, out)
-        self.counters["macs"] += rows * cols * n
+        self.counters["macs"] += rows * cfg.macs_per_pe_cycle(fmt.name) * cols * n
         self.load_pending = False
 
     def _psum_entries(self, bank, entry, n):
@@ -357,13 +367,10 @@ class _Machine:
 
 
 class Core:
-    """The golden core of ``config``: the int8 path and the float formats of its
-    ``dtypes`` that the hardware implements."""
+    """The golden core of ``config``: the formats of its ``dtypes``, at their MACs per PE
+    per cycle."""
 
     def __init__(self, config):
-        if "int8" not in config.dtypes:
-            raise ConfigError(f"dtypes={','.join(config.dtypes)}: the golden core covers the "
-                              "int8 path (dtypes must include int8)")
         if config.pe_cols > config.sbuf_partitions:
             raise ConfigError(f"pe_cols={config.pe_cols}: the core requires pe_cols <= "
                               f"sbuf_partitions={config.sbuf_partitions} (one activation "

@@ -7,7 +7,7 @@ from opentrn import numerics
 
 from . import fp_adder, fp_multiplier
 
-__all__ = ["wrap", "mac", "mac_float"]
+__all__ = ["wrap", "mac", "mac_float", "field", "mac_packed"]
 
 
 def wrap(values, bits):
@@ -42,3 +42,31 @@ def mac_float(psum, x, weight, format_name, *, scale_weight=None, scale_x=None):
     else:
         scales = {}
     return fp_adder.add(psum, fp_multiplier.multiply(weight, x, format_name, **scales))
+
+
+def field(bits, lane, width):
+    """Field ``lane`` of ``width`` bits of raw register bits (the first field lowest)."""
+    return (np.asarray(bits, dtype=np.int64) >> (lane * width)) & ((1 << width) - 1)
+
+
+def mac_packed(psum, x, weight, format_name, *, macs=1, acc_bits=32, scale_weight=None,
+               scale_x=None):
+    """What a PE doing ``macs`` multiply-accumulates per cycle in ``format_name`` sends down
+    its column for the raw register bits ``x`` and ``weight`` (element ``j`` is field ``j``
+    of the format's width): int8 ``psum + sum_j sext(x_j) * sext(w_j)`` wrapped to
+    ``acc_bits``; a float format ``acc = psum``, then ``acc = mac_float(acc, x_j, w_j)`` for
+    ``j = 0 .. macs - 1`` (FP32 codes, ``uint32``), the MX scales shared by the lanes."""
+    fmt = numerics.data_format(format_name)
+    if fmt.element is None:
+        total = np.int64(psum)
+        for lane in range(macs):
+            xj, wj = (((field(v, lane, 8) ^ 0x80) - 0x80) for v in (x, weight))
+            total = total + xj * wj
+        return wrap(total, acc_bits)
+    width = fmt.element.bits
+    scales = {"scale_weight": scale_weight, "scale_x": scale_x} if fmt.mx else {}
+    acc = np.asarray(psum, dtype=np.int64) & 0xFFFF_FFFF
+    for lane in range(macs):
+        acc = mac_float(acc, field(x, lane, width), field(weight, lane, width), format_name,
+                        **scales)
+    return acc

@@ -2,7 +2,9 @@
 MX scales included), and the cycle of every result beat, from the formulas of
 docs/performance.md.
 
-Notation: ``K = pe_rows``, ``M = pe_cols``, ``N`` the moving vectors of one matmul.
+Notation: ``K = pe_rows``, ``M = pe_cols``, ``N`` the moving vectors of one matmul (for
+the timing; a matmul of a format with ``r`` MACs per PE per cycle contracts ``r x K``
+elements, :func:`contraction`).
 """
 
 from dataclasses import dataclass
@@ -15,9 +17,9 @@ from opentrn.numerics import mx_blocks  # as the hardware's (hdl.tensor_engine.m
 from . import fp_adder, fp_multiplier
 from .processing_element import wrap
 
-__all__ = ["Matmul", "Schedule", "matmul", "matmul_float", "matmul_bits", "element_bits",
-           "mx_blocks", "run", "latency", "load_cycles", "reload_guard", "issue_interval",
-           "schedule"]
+__all__ = ["Matmul", "Schedule", "contraction", "matmul", "matmul_float", "matmul_bits",
+           "element_bits", "pack", "unpack", "mx_blocks", "run", "latency", "load_cycles",
+           "reload_guard", "issue_interval", "schedule"]
 
 _INT8_LO, _INT8_HI = -128, 127
 
@@ -36,14 +38,24 @@ def _check(config, name, array, rows, cols_max):
     return array
 
 
+def contraction(config, format_name):
+    """``K`` of one matmul in ``format_name``: ``macs_per_pe_cycle(format) x pe_rows``
+    elements of the contraction dimension, ``macs_per_pe_cycle`` of them in each row (SBUF
+    partition), consecutive: element ``k`` is field ``k % r`` of row ``k // r``
+    (:func:`pack`)."""
+    return config.macs_per_pe_cycle(format_name) * config.pe_rows
+
+
 def matmul(config, stationary, moving):
-    """``out[M, N] = stationary[K, M].T @ moving[K, N]`` with ``acc_bits`` wrap-around.
+    """``out[M, N] = stationary[K, M].T @ moving[K, N]`` of int8 values with ``acc_bits``
+    wrap-around, ``K`` = :func:`contraction` of int8.
 
     The hardware wraps after every addition; two's-complement addition is exact modulo
     ``2**acc_bits``, so wrapping the exact sum once gives the same bits.
     """
-    stationary = _check(config, "stationary", stationary, config.pe_rows, config.pe_cols)
-    moving = _check(config, "moving", moving, config.pe_rows, config.moving_max)
+    k = contraction(config, "int8") if "int8" in config.dtypes else config.pe_rows
+    stationary = _check(config, "stationary", stationary, k, config.pe_cols)
+    moving = _check(config, "moving", moving, k, config.moving_max)
     return wrap(stationary.T @ moving, config.acc_bits)
 
 
@@ -117,20 +129,58 @@ def element_bits(values, format_name):
     return values
 
 
+def _field_bits(format_name):
+    fmt = numerics.data_format(format_name)
+    return 8 if fmt.element is None else fmt.element.bits
+
+
+def pack(config, values, format_name):
+    """The raw register bits (``in_bits`` wide) of the array's rows for ``values`` [K, C] of
+    ``format_name``, ``K`` = :func:`contraction`: row ``p`` holds elements
+    ``p * r .. p * r + r - 1`` (``r`` = ``macs_per_pe_cycle``) as fields of ``bits(format)``,
+    the first lowest; ``[pe_rows, C]``. int8 values (-128..127) go in as their byte, float
+    codes as they are (:func:`element_bits`)."""
+    rate = config.macs_per_pe_cycle(format_name)
+    values = np.asarray(values)
+    k = contraction(config, format_name)
+    if values.ndim != 2 or values.shape[0] != k:
+        raise ValueError(f"values of {format_name} have shape {values.shape}: must be "
+                         f"({k}, columns), K = {rate} x pe_rows")
+    bits = element_bits(values, format_name).reshape(config.pe_rows, rate, values.shape[1])
+    width = _field_bits(format_name)
+    return sum(bits[:, lane] << (lane * width) for lane in range(rate))
+
+
+def unpack(config, raw, format_name):
+    """The codes of ``format_name`` (int8: the bytes, 0..255) that the raw register bits
+    ``raw`` [pe_rows, C] hold, [K, C] (the inverse of :func:`pack`, of the fields the
+    format uses; bits above them are ignored)."""
+    rate = config.macs_per_pe_cycle(format_name)
+    width = _field_bits(format_name)
+    raw = np.asarray(raw, dtype=np.int64)
+    fields = np.stack([(raw >> (lane * width)) & ((1 << width) - 1) for lane in range(rate)],
+                      axis=1)
+    return fields.reshape(rate * raw.shape[0], raw.shape[1])
+
+
 def matmul_bits(config, stationary, moving, format_name, *, scale_stationary=None,
                 scale_moving=None):
-    """What the array computes from raw element bits (``in_bits`` wide: ``stationary``
-    [K, M'] as the weight registers hold them, ``moving`` [K, N]) for vectors of format
-    ``format_name``, whatever format the tile was loaded as: the low 8 bits of both as int8
-    (:func:`matmul`: ``acc_bits`` two's-complement sums, int64), or the low bits of a float
-    format's width as its codes (:func:`matmul_float`: FP32 codes, as int64 in
-    ``[0, 2**32)``). ``[M', N]``. For an MX format, ``scale_stationary`` ([ceil(K/32), M'],
-    the scale registers) and ``scale_moving`` ([ceil(K/32), N]) are the E8M0 codes of each
-    block of 32 rows (required; refused for the other formats)."""
+    """What the array computes from raw register bits (``in_bits`` wide: ``stationary``
+    [pe_rows, M'] as the weight registers hold them, ``moving`` [pe_rows, N]) for vectors of
+    format ``format_name``, whatever format the tile was loaded as: the fields of the format
+    (:func:`unpack`) as int8 (:func:`matmul`: ``acc_bits`` two's-complement sums, int64), or
+    as codes of a float format (:func:`matmul_float`: FP32 codes, as int64 in
+    ``[0, 2**32)``), over ``K`` = :func:`contraction` elements. ``[M', N]``. For an MX
+    format, ``scale_stationary`` ([mx_blocks, M'], the scale registers) and
+    ``scale_moving`` ([mx_blocks, N]) are the E8M0 codes of each block of 32 elements of K
+    (required; refused for the other formats)."""
     fmt = numerics.data_format(format_name)
     if format_name not in numerics.TENSOR_FORMATS:
         raise ValueError(f"format={format_name!r}: must be one of "
                          f"{', '.join(numerics.TENSOR_FORMATS)}")
+    if format_name not in config.dtypes:
+        raise ValueError(f"format={format_name!r}: not among the build's formats, dtypes="
+                         f"{','.join(config.dtypes)}")
     for name, array in (("stationary", stationary), ("moving", moving)):
         if np.asarray(array).dtype.kind not in "iu":
             raise TypeError(f"{name}: must hold integers, not {np.asarray(array).dtype}")
@@ -140,13 +190,14 @@ def matmul_bits(config, stationary, moving, format_name, *, scale_stationary=Non
         if array.size and (array.min() < 0 or array.max() >= 1 << config.in_bits):
             raise ValueError(f"{name}: raw bits must lie in [0, {(1 << config.in_bits) - 1}] "
                              f"(in_bits={config.in_bits})")
+    stationary = unpack(config, stationary, format_name)
+    moving = unpack(config, moving, format_name)
     if fmt.element is None:
         if scale_stationary is not None or scale_moving is not None:
             raise ValueError(f"format={format_name!r}: takes no scales")
-        as_int8 = lambda bits: ((bits & 0xFF) ^ 0x80) - 0x80  # noqa: E731
+        as_int8 = lambda bits: (bits ^ 0x80) - 0x80  # noqa: E731
         return matmul(config, as_int8(stationary), as_int8(moving))
-    mask = (1 << fmt.element.bits) - 1
-    return matmul_float(stationary & mask, moving & mask, format_name,
+    return matmul_float(stationary, moving, format_name,
                         scale_stationary=scale_stationary, scale_moving=scale_moving
                         ).astype(np.int64)
 
@@ -173,23 +224,23 @@ def _scales(config, name, scales, cols):
 def run(config, program):
     """The golden engine: the result of every :class:`Matmul` of ``program`` ([M', N] per
     matmul, as :func:`matmul_bits` gives it), as the array computes it. A fresh tile
-    replaces the raw bits of the weight registers and, on a build with an MX format, the
-    scale registers; a reused tile keeps both, whatever format they were loaded as. Vectors
-    of an MX format meet the stored scales and their own; the other vectors ignore both."""
+    replaces the raw bits of the weight registers (:func:`pack` of its values) and, on a
+    build with an MX format, the scale registers; a reused tile keeps both, whatever format
+    they were loaded as. Vectors of an MX format meet the stored scales and their own; the
+    other vectors ignore both."""
     if not program or program[0].stationary is None:
         raise ValueError("the first matmul of a program must load a stationary tile")
     results = []
     for op in program:
         if op.stationary is not None:
-            tile = element_bits(op.stationary, op.format)
+            tile = pack(config, op.stationary, op.format)
             tile_scales = _scales(config, "scale_stationary", op.scale_stationary,
-                                  tile.shape[1] if tile.ndim == 2 else 0)
+                                  tile.shape[1])
         elif op.scale_stationary is not None:
             raise ValueError("scale_stationary: a reused tile keeps its scales (give them "
                              "with a fresh tile)")
-        moving = element_bits(op.moving, op.format)
-        moving_scales = _scales(config, "scale_moving", op.scale_moving,
-                                moving.shape[1] if moving.ndim == 2 else 0)
+        moving = pack(config, op.moving, op.format)
+        moving_scales = _scales(config, "scale_moving", op.scale_moving, moving.shape[1])
         scales = {}
         if numerics.data_format(op.format).mx:
             scales = {"scale_stationary": tile_scales, "scale_moving": moving_scales}
@@ -223,13 +274,14 @@ def issue_interval(config, n, *, fresh):
 @dataclass(frozen=True)
 class Matmul:
     """One matmul of a program: a fresh ``stationary`` tile ([K, M']; M' <= M columns, the
-    rest zero) loaded and swapped in, or ``None`` to reuse the tile in use; the moving
-    vectors' ``format`` (int8 values, or codes of a float format; a reused tile's raw bits
-    meet them whatever format it was loaded as, see :func:`matmul_bits`).
+    rest zero; ``K`` = :func:`contraction` of its format) loaded and swapped in, or ``None``
+    to reuse the tile in use; ``moving`` [K, N]; the vectors' ``format`` (int8 values, or
+    codes of a float format; a reused tile's raw bits meet them whatever format it was
+    loaded as, see :func:`matmul_bits`).
 
     On a build with an MX format (:func:`mx_blocks` ``> 0``), the E8M0 scale codes the array
     is given: ``scale_moving`` [blocks, N] with every matmul (each vector's scale per block
-    of 32 rows) and ``scale_stationary`` [blocks, M'] with a fresh tile (stored with it; a
+    of 32 elements of K) and ``scale_stationary`` [blocks, M'] with a fresh tile (stored with it; a
     reused tile keeps its scales). Both are required there, whatever the format (vectors of
     the other formats ignore them, and a tile of another format stores them all the same),
     and refused on a build without MX (:func:`run`)."""

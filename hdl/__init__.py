@@ -43,16 +43,35 @@ def check(name, config):
         check_buildable(config, "the hardware")
     except ValueError as exc:
         # A valid configuration (projections use it) that the hardware cannot build.
-        raise ConfigError(f"{exc} (try --set dtypes={','.join(('int8', *config.dtypes))})"
-                          ) from None
-    if config.pe_macs_per_cycle:
-        # The PEs have one multiplier each: rates above 1 MAC per cycle are what the
-        # projections assume of a Trainium core, not something this RTL implements.
-        raise ConfigError(f"pe_macs_per_cycle={config.pe_macs_per_cycle!r}: the hardware does "
-                          "one MAC per PE per cycle in every format; rates above 1 are for "
-                          "projections only (try --set pe_macs_per_cycle=)")
+        raise ConfigError(str(exc)) from None
+    if name in _WITH_SBUF:
+        _check_vector_width(config)
     if name == "core":
         check_core(config)
+
+
+#: The tops that hold the SBUF and so its vector ports.
+_WITH_SBUF = ("sbuf", "memory_system", "activation_engine", "core")
+#: The widest signal Amaranth writes: 2**16 bits, the vector width IEEE 1364-2005 requires
+#: every Verilog tool to support (wider wires raise OverflowError in its RTLIL back end).
+MAX_SIGNAL_BITS = 1 << 16
+
+
+def _check_vector_width(config):
+    from amaranth.hdl import Shape
+
+    from .partitioned_memory import vector_write_layout
+    from .sbuf import geometry
+
+    partitions, word_bytes, depth = geometry(config)
+    bits = Shape.cast(vector_write_layout(partitions, word_bytes, depth)).width
+    if bits > MAX_SIGNAL_BITS:
+        raise ConfigError(
+            f"sbuf_partitions={partitions}, dma_bus_bytes={word_bytes}: the SBUF's vector "
+            f"write (a {word_bytes}-byte word and its byte strobes in each of {partitions} "
+            f"partitions) is {bits:,} bits, wider than the {MAX_SIGNAL_BITS:,} bits of a "
+            "Verilog vector Amaranth can write (about 9 x sbuf_partitions x dma_bus_bytes "
+            "bits must fit); the tensor engine builds at any size")
 
 
 def toplevel(name, config):

@@ -5,16 +5,15 @@ fixed-point scale like Gemmini's ``acc_scale``: ``saturate(f(round((x * multipli
 2**shift)))``) and, in a build with float formats, the float path (FP32 scale and bias, the
 result cast to fp32, bf16 or fp8; docs/numerics.md)."""
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 from opentrn.config import Config
 
-from .fp_adder import FPAdder
-from .fp_cast import FPCast
-from .fp_multiplier import FPMultiplier
+from .activation_lane import ActivationLane
+from .hierarchy import shared
 
 __all__ = ["ActivationEngine", "IDENTITY", "RELU", "PARAM_BITS", "SHIFT_LIMIT", "OUT_BITS",
            "INT8_RANGE", "STAGES", "params_layout", "input_layout", "output_layout",
@@ -114,7 +113,8 @@ class ActivationEngine(wiring.Component):
     cycle ``c + STAGES``; one vector per cycle, on either path.
 
     The path not selected gets zero operands, so that its logic does not toggle (which
-    costs simulation time, and power).
+    costs simulation time, and power). The integer path is built only when ``int8`` is an
+    input format of the config (:func:`opentrn.numerics.activation_formats`).
 
     Back-pressure: the pipeline advances as one when the output register is empty or being
     taken (``~output.valid | output.ready``), as the tensor engine does; ``input.ready`` is
@@ -173,72 +173,22 @@ class ActivationEngine(wiring.Component):
                                         for name in floats).any())
         m.d.comb += is_int32.eq(params.out_format == _INT32)
 
-        product_bits = cfg.acc_bits + PARAM_BITS          # signed a-bit x signed b-bit
-        pre_bits = product_bits + 1                       # plus a 32-bit bias
-        narrow_lo, narrow_hi = INT8_RANGE
-        wide_lo, wide_hi = -(1 << (OUT_BITS - 1)), (1 << (OUT_BITS - 1)) - 1
-        ones = Const((1 << pre_bits) - 1, pre_bits)
-        lo = Mux(is_int32, wide_lo, narrow_lo)
-        hi = Mux(is_int32, wide_hi, narrow_hi)
-
-        results = []                                      # stage 4's integer result per lane
+        # One lane per PSUM partition: all the same block (hierarchy.shared).
+        results = []
         for p in range(cfg.pe_cols):
-            product = Signal(signed(product_bits), name=f"product_{p}")
-            pre = Signal(signed(pre_bits), name=f"pre_{p}")
-            quotient = Signal(signed(pre_bits), name=f"quotient_{p}")
-            round_up = Signal(name=f"round_up_{p}")
-
-            # The helpers of stages 3 and 4 are assigned inside ``If(advance)``, next to the
-            # registers that read them (and nothing else does), so that, as in hdl/psum.py,
-            # Yosys writes them as processes rather than nets of continuous assignments,
-            # which Icarus re-propagates bit by bit.
-            guard_shifted = Signal(signed(pre_bits + 1), name=f"guard_shifted_{p}")
-            below_guard = Signal(pre_bits, name=f"below_guard_{p}")
-            rounded = Signal(signed(pre_bits + 1), name=f"rounded_{p}")
-            activated = Signal(signed(pre_bits + 1), name=f"activated_{p}")
-            saturated = Signal(signed(OUT_BITS), name=f"saturated_{p}")
-            results.append(saturated)
-            with m.If(advance):
-                # Stage 1: the exact product; a zero operand on the float path, so that
-                # the multiplier does not toggle.
-                m.d.sync += product.eq(Mux(is_float, 0, self.input.payload.data[p])
-                                       * params.multiplier)
-                # Stage 2: plus the bias, exact (one bit wider).
-                m.d.sync += pre.eq(product + Mux(is_float, 0, params.bias[p]))
-
-                # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to
-                # even from the bits shifted out: the guard bit (weight 2**(shift-1), the
-                # "half"), and the sticky bit (any bit below it): round up when the
-                # remainder is above half (guard and sticky) or exactly half and q odd.
-                # A shift past the top of pre needs no sign extension for the sticky bit:
-                # then q is 0 (guard 0: no rounding) or -1 (odd: sticky does not matter).
-                m.d.comb += [
-                    # Bit 0 of (pre * 2) >> shift is bit shift-1 of pre; 0 for shift 0.
-                    guard_shifted.eq(Cat(Const(0, 1), pre).as_signed() >> params.shift),
-                    # Bit i of (ones << shift) >> 1 is set when i >= shift - 1; the rest
-                    # are the bits below the guard (none for shift 0 or 1).
-                    below_guard.eq(~(ones << params.shift)[1:pre_bits + 1]),
-                ]
-                guard = guard_shifted[0]
-                sticky = (pre.as_unsigned() & below_guard).any()
-                q = pre >> params.shift
-                m.d.sync += [
-                    quotient.eq(q),
-                    round_up.eq(guard & (sticky | q[0])),
-                ]
-
-                # Stage 4: round, the function, saturate to the output format.
-                m.d.comb += [
-                    rounded.eq(quotient + round_up),
-                    activated.eq(Mux((params.function == RELU) & rounded[-1], 0, rounded)),
-                    saturated.eq(Mux(activated < lo, lo, Mux(activated > hi, hi, activated))),
-                ]
-
-        if floats:
-            results = self._float_path(m, advance, is_float, results)
-        with m.If(advance):
-            m.d.sync += [self.output.payload.data[p].eq(result)
-                         for p, result in enumerate(results)]
+            lane = ActivationLane(acc_bits=cfg.acc_bits, integer="int8" in cfg.dtypes,
+                                  float_outputs=floats, shift_limit=SHIFT_LIMIT,
+                                  out_bits=OUT_BITS, int8_range=INT8_RANGE)
+            m.submodules[f"lane_{p}"] = shared(lane)
+            m.d.comb += [
+                lane.advance.eq(advance), lane.x.eq(self.input.payload.data[p]),
+                lane.is_float.eq(is_float), lane.is_int32.eq(is_int32),
+                lane.function.eq(params.function), lane.multiplier.eq(params.multiplier),
+                lane.shift.eq(params.shift), lane.out_format.eq(params.out_format),
+                lane.bias.eq(params.bias[p]),
+            ]
+            results.append(lane.result)
+        m.d.comb += self.output.payload.data.eq(Cat(results))
 
         # valid and last travel with the vector through the STAGES registers.
         in_flight = Signal(STAGES)
@@ -253,46 +203,3 @@ class ActivationEngine(wiring.Component):
             self.output.payload.last.eq(last[STAGES - 1]),
         ]
         return m
-
-    def _float_path(self, m, advance, is_float, int_results):
-        """The float path's stages 1 to 3 and its cast; returns, per lane, the stage 4
-        result of the operation's path (the float code or ``int_results[p]``)."""
-        cfg = self._config
-        params = self.params
-        lanes = cfg.pe_cols
-        fp32 = numerics.data_format("fp32").code
-        word = data.ArrayLayout(unsigned(32), lanes)
-
-        m.submodules.fp_multiplier = multiplier = FPMultiplier(formats=("fp32",), lanes=lanes)
-        m.submodules.fp_adder = adder = FPAdder(lanes=lanes)
-        m.submodules.fp_cast = cast = FPCast(formats=float_outputs(cfg), lanes=lanes)
-        product = Signal(word, name="fp_product")         # stage 1 register
-        total = Signal(word, name="fp_sum")               # stage 2 register
-        activated = Signal(word, name="fp_activated")     # stage 3 register
-
-        # The units see zeros on the integer path: their wide combinational lanes then do
-        # not toggle (Icarus re-evaluates every change, bit by bit).
-        m.d.comb += [
-            multiplier.format.eq(fp32),
-            multiplier.a.eq(Mux(is_float, Cat(self.input.payload.data[p][:32]
-                                              for p in range(lanes)), 0)),
-            multiplier.b.eq(Mux(is_float, params.multiplier.as_unsigned().replicate(lanes),
-                                0)),
-            adder.a.eq(product),
-            adder.b.eq(Mux(is_float, params.bias.as_value(), 0)),
-            cast.format.eq(params.out_format),
-            cast.a.eq(activated),
-        ]
-        relu = params.function == RELU
-        results = []
-        for p in range(lanes):
-            y = total[p]
-            # relu(-0) = +0 and relu(-inf) = +0; a NaN (the adder's is canonical, sign 0,
-            # but the rule does not rely on it) passes unchanged.
-            nan = (y[23:31] == 0xFF) & (y[:23] != 0)
-            with m.If(advance):
-                m.d.sync += activated[p].eq(Mux(relu & y[31] & ~nan, 0, y))
-            results.append(Mux(is_float, cast.result[p], int_results[p]))
-        with m.If(advance):
-            m.d.sync += [product.eq(multiplier.product), total.eq(adder.sum)]
-        return results

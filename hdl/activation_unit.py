@@ -3,7 +3,7 @@ reading PSUM or SBUF vectors, streaming them through the
 :class:`~opentrn.hdl.activation_engine.ActivationEngine` pipeline and writing the results
 to the SBUF."""
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -226,10 +226,13 @@ class ActivationUnit(wiring.Component):
         reads_left = Signal(range(cfg.moving_max + 1))
         read_index = Signal(range(max(depth, cfg.psum_bank_entries)))
         in_flight = Signal()                     # a read was granted last cycle
-        # Input buffer: a slot holds a PSUM vector or an SBUF word of every lane.
+        # Input buffer: a slot holds a PSUM vector or an SBUF word of every lane; a register
+        # per lane and slot. (Here and below, per-lane values are separate signals, joined
+        # with Cat where a port takes all lanes: one wide signal assigned lane by lane costs
+        # elaboration time in the square of its width.)
         lane_bits = max(cfg.acc_bits, 8 * width)
-        slot_layout = data.ArrayLayout(unsigned(lane_bits), lanes)
-        slots = Signal(data.ArrayLayout(slot_layout, INPUT_SLOTS))
+        slots = [[Signal(lane_bits, name=f"slot{slot}_lane{p}") for slot in range(INPUT_SLOTS)]
+                 for p in range(lanes)]
         head = Signal(range(INPUT_SLOTS))
         tail = Signal(range(INPUT_SLOTS))
         level = Signal(range(INPUT_SLOTS + 1))
@@ -240,7 +243,7 @@ class ActivationUnit(wiring.Component):
         # assembled; the write register's "last of the instruction" flag.
         out_index = Signal(range(cfg.moving_max))
         out_address = Signal(range(cfg.sbuf_bytes_per_partition + 1))
-        assembly = Signal(data.ArrayLayout(unsigned(8 * width), lanes))
+        assembly = [Signal(8 * width, name=f"assembly_lane{p}") for p in range(lanes)]
         assembly_strobe = Signal(width)
         write_last = Signal()
         # Bytes of one result, decoded once per instruction.
@@ -277,8 +280,7 @@ class ActivationUnit(wiring.Component):
                         out_address.eq(new.dst_offset),
                         result_bytes.eq(_out_bytes(new.out_format, cfg)),
                     ]
-                    for p in range(lanes):
-                        m.d.sync += bias[p].eq(0)
+                    m.d.sync += bias.eq(0)
                     with m.If(new.bias):
                         m.next = "BIAS"
                     with m.Else():
@@ -296,9 +298,9 @@ class ActivationUnit(wiring.Component):
                 # The int32 of each lane is 4-aligned within the word.
                 slot = ins.bias_offset[2:byte_bits]
                 with m.If(read_resp.valid):
-                    for p in range(lanes):
-                        word = read_resp.payload.data[p].as_value()
-                        m.d.sync += bias[p].eq(word.word_select(slot, PARAM_BITS))
+                    m.d.sync += bias.eq(Cat(
+                        read_resp.payload.data[p].as_value().word_select(slot, PARAM_BITS)
+                        for p in range(lanes)))
                     m.next = "STREAM"
             with m.State("STREAM"):
                 m.d.comb += [self.active.eq(1), streaming.eq(1)]
@@ -330,19 +332,29 @@ class ActivationUnit(wiring.Component):
         m.d.comb += push.eq(streaming & Mux(src, read_resp.valid, psum_resp.valid))
         with m.If(push):
             for p in range(lanes):
-                m.d.sync += slots[tail][p].eq(Mux(src, read_resp.payload.data[p].as_value(),
-                                                  psum_resp.payload.data[p].as_unsigned()))
+                for slot in range(INPUT_SLOTS):
+                    with m.If(tail == slot):
+                        m.d.sync += slots[p][slot].eq(
+                            Mux(src, read_resp.payload.data[p].as_value(),
+                                psum_resp.payload.data[p].as_unsigned()))
             m.d.sync += tail.eq(Mux(tail == INPUT_SLOTS - 1, 0, tail + 1))
 
-        current = slots[head]
         m.d.comb += [
             engine.input.valid.eq(level != 0),
             engine.input.payload.last.eq(in_index == last_index),
         ]
+        inputs = []
         for p in range(lanes):
-            byte = current[p].word_select(in_byte, 8).as_signed()
-            m.d.comb += engine.input.payload.data[p].eq(
-                Mux(src, byte, current[p][:cfg.acc_bits].as_signed()))
+            current = Signal(lane_bits, name=f"current_lane{p}")
+            with m.Switch(head):
+                for slot in range(INPUT_SLOTS):
+                    with m.Case(slot):
+                        m.d.comb += current.eq(slots[p][slot])
+            byte = current.word_select(in_byte, 8).as_signed()
+            value = Signal(signed(cfg.acc_bits), name=f"input_lane{p}")
+            m.d.comb += value.eq(Mux(src, byte, current[:cfg.acc_bits].as_signed()))
+            inputs.append(value)
+        m.d.comb += engine.input.payload.data.eq(Cat(inputs))
         take = engine.input.valid & engine.input.ready
         m.d.comb += self.busy.eq(take)
         with m.If(take):
@@ -367,17 +379,19 @@ class ActivationUnit(wiring.Component):
         enable = Signal(width)
         m.d.comb += enable.eq(Mux(result_bytes == INT32_BYTES, 0b1111,
                                   Mux(result_bytes == 2, 0b11, 0b1)) << position)
-        merged = Signal(data.ArrayLayout(unsigned(8 * width), lanes))
+        merged = [Signal(8 * width, name=f"merged_lane{p}") for p in range(lanes)]
         for p in range(lanes):
             value = result.payload.data[p]
             # A 1- or 2-byte result is the low bytes of the lane, repeated over 4 bytes and
             # then over the word; it is aligned to its size, so the strobes pick its copy.
-            bytes4 = Mux(result_bytes == INT32_BYTES, value.as_unsigned(),
-                         Mux(result_bytes == 2, value[:16].replicate(2),
-                             value[:8].replicate(INT32_BYTES)))
-            spread = Cat(*[bytes4] * (width // INT32_BYTES))
+            # (A signal: an expression used for every byte would be built once per byte.)
+            bytes4 = Signal(32, name=f"result_lane{p}")
+            m.d.comb += bytes4.eq(Mux(result_bytes == INT32_BYTES, value.as_unsigned(),
+                                      Mux(result_bytes == 2, value[:16].replicate(2),
+                                          value[:8].replicate(INT32_BYTES))))
             m.d.comb += merged[p].eq(Cat(*[
-                Mux(enable[b], spread[8 * b:8 * b + 8], assembly[p][8 * b:8 * b + 8])
+                Mux(enable[b], bytes4[8 * (b % 4):8 * (b % 4) + 8],
+                    assembly[p][8 * b:8 * b + 8])
                 for b in range(width)]))
         merged_strobe = assembly_strobe | enable
 
@@ -393,9 +407,9 @@ class ActivationUnit(wiring.Component):
                     write_last.eq(out_index == last_index),
                     assembly_strobe.eq(0),
                 ]
-                for p in range(lanes):
-                    m.d.sync += [write.payload.data[p].eq(merged[p]),
-                                 write.payload.strobe[p].eq(merged_strobe)]
+                m.d.sync += [write.payload.data.eq(Cat(merged)),
+                             write.payload.strobe.eq(merged_strobe.replicate(lanes))]
             with m.Else():
-                m.d.sync += [assembly.eq(merged), assembly_strobe.eq(merged_strobe)]
+                m.d.sync += [*(a.eq(b) for a, b in zip(assembly, merged, strict=True)),
+                             assembly_strobe.eq(merged_strobe)]
         return m

@@ -19,7 +19,7 @@ from .dma_unit import DmaUnit
 from .host_registers import HostRegisters
 from .memory_system import MemorySystem
 from .semaphores import SemaphoreFile
-from .sequencer import POINTER_BITS, Sequencer, check_fetch
+from .sequencer import POINTER_BITS, Sequencer
 from .tensor_unit import TensorUnit
 
 __all__ = ["Core", "COUNTERS", "HOST_ADDR_BITS", "AXI_ID_BITS"]
@@ -39,7 +39,6 @@ _DEADLOCK_CYCLES = 2
 
 def check_config(config):
     """Raise :class:`ConfigError` for a configuration the core cannot be built for."""
-    check_fetch(config)
     if config.pe_cols > config.sbuf_partitions:
         raise ConfigError(f"pe_cols={config.pe_cols}: the core needs pe_cols <= "
                           f"sbuf_partitions={config.sbuf_partitions} (the activation engine "

@@ -64,7 +64,7 @@ COUNTERS = {
     "activation_wait": "the same for the activation sequencer",
     "dma_bytes": "bytes of the descriptors that finished without error",
     "macs": "useful multiply-accumulates: rows x cols of the stationary tile per moving "
-            "vector",
+            "vector, times the MACs per PE per cycle of its format",
 }
 COUNTERS_BASE = 0x080
 

@@ -1,10 +1,12 @@
 """A buffer of independent partitions (one SRAM each) with arbitrated stream ports: the
 common structure of the SBUF and the PSUM."""
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Format, Module, Mux, Shape, Signal, Value
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
+from .hierarchy import shared
+from .memory_partition import MemoryPartition
 
 __all__ = ["PartitionedMemory", "word_shape", "vector_shape", "strobe_shape",
            "vector_request_layout", "vector_response_layout", "vector_write_layout",
@@ -17,9 +19,24 @@ def word_shape(word_bytes):
     return data.ArrayLayout(8, word_bytes)
 
 
+class _WordArray(data.ArrayLayout):
+    """An array of words whose named fields (in Verilog and waveforms) stop at the words:
+    Amaranth names every element of a layout, down to each byte of each word, and a
+    vector of 128 partitions x 64 bytes would take 8,192 wires and their elaboration time
+    per signal."""
+
+    def format(self, value, format_spec):
+        if format_spec != "":
+            raise ValueError(f"Format specifier {format_spec!r} is not supported for layouts")
+        value = Value.cast(value)
+        width = Shape.cast(self.elem_shape).width
+        return Format.Array(value, [Format("{}", value[width * index:width * (index + 1)])
+                                    for index in range(self.length)])
+
+
 def vector_shape(partitions, word_bytes):
     """The word at one index in every partition."""
-    return data.ArrayLayout(word_shape(word_bytes), partitions)
+    return _WordArray(word_shape(word_bytes), partitions)
 
 
 def strobe_shape(partitions, word_bytes):
@@ -135,9 +152,10 @@ class PartitionedMemory(wiring.Component):
     of the same word in the same cycle: the read returns the old data. Only enabled bytes
     are written.
 
-    ``depth`` and ``partitions`` need not be powers of two; requests must name a word below
-    ``depth`` (undefined otherwise). A word request naming no partition writes nothing and
-    reads zeros.
+    Each partition is a :class:`~opentrn.hdl.memory_partition.MemoryPartition`, one
+    Verilog module for all of them. ``depth`` and ``partitions`` need not be powers of two;
+    requests must name a word below ``depth`` (undefined otherwise). A word request naming
+    no partition writes nothing and reads zeros.
 
     With ``rmw_port`` (used by the PSUM's read-modify-write), three more members: a
     dedicated vector read port ``direct_read`` (not arbitrated; 1-cycle latency like the
@@ -205,13 +223,19 @@ class PartitionedMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         parts, width = self.partitions, self.word_bytes
-        memories = []
+        # One SRAM block per partition, all the same module (hierarchy.shared).
+        srams = []
         for p in range(parts):
-            memory = Memory(shape=word_shape(width), depth=self.depth, init=[])
-            m.submodules[f"partition_{p}"] = memory
-            memories.append(memory)
-        read_ports = [memory.read_port() for memory in memories]
-        write_ports = [memory.write_port(granularity=1) for memory in memories]
+            sram = MemoryPartition(word_bytes=width, depth=self.depth,
+                                   second_read=self.rmw_port)
+            m.submodules[f"partition_{p}"] = shared(sram)
+            srams.append(sram)
+
+        # Vectors are assigned whole (a Cat of the partitions' words), never partition by
+        # partition into one wide signal: many slice assignments to one signal cost
+        # elaboration time in the square of its width.
+        def vector(words):
+            return Cat(*words)
 
         # -- reads ----------------------------------------------------------------------
         readers = [*self.vector_read, self.word_read]
@@ -221,8 +245,8 @@ class PartitionedMemory(wiring.Component):
             m.d.comb += reader.request.ready.eq(reads.grant[index])
             with m.If(reads.grant[index]):
                 m.d.comb += address.eq(reader.request.payload.word)
-        for port in read_ports:
-            m.d.comb += [port.addr.eq(address), port.en.eq(reads.any)]
+        for sram in srams:
+            m.d.comb += [sram.read_addr.eq(address), sram.read_en.eq(reads.any)]
 
         # The response goes to last cycle's winner; a word read picks its partition.
         responding = Signal(len(readers))
@@ -236,13 +260,13 @@ class PartitionedMemory(wiring.Component):
             # evaluates once per input change; plain wide assignments it re-propagates
             # piece by piece (here and below: a 10x faster simulation).
             with m.If(responding[index]):
-                for p, port in enumerate(read_ports):
-                    m.d.comb += reader.response.payload.data[p].eq(port.data)
+                m.d.comb += reader.response.payload.data.eq(
+                    vector(sram.read_data for sram in srams))
         m.d.comb += self.word_read.response.valid.eq(responding[-1])
         with m.Switch(partition):
-            for p, port in enumerate(read_ports):
+            for p, sram in enumerate(srams):
                 with m.Case(p):
-                    m.d.comb += self.word_read.response.payload.data.eq(port.data)
+                    m.d.comb += self.word_read.response.payload.data.eq(sram.read_data)
 
         # -- writes ---------------------------------------------------------------------
         writers = [*self.vector_write, self.word_write]
@@ -260,24 +284,22 @@ class PartitionedMemory(wiring.Component):
                 m.d.comb += [committed.eq(1), commit.eq(writer.payload)]
         with m.If(writes.grant[-1]):
             word = self.word_write.payload
-            m.d.comb += [committed.eq(1), commit.word.eq(word.word)]
-            for p in range(parts):
+            m.d.comb += [
+                committed.eq(1), commit.word.eq(word.word),
+                commit.data.eq(vector([word.data] * parts)),
+                commit.strobe.eq(vector(Mux(word.partition == p, word.strobe, 0)
+                                        for p in range(parts))),
+            ]
+        for p, sram in enumerate(srams):
+            with m.If(committed):                   # one process, as for the responses
                 m.d.comb += [
-                    commit.data[p].eq(word.data),
-                    commit.strobe[p].eq(Mux(word.partition == p, word.strobe, 0)),
-                ]
-        with m.If(committed):                   # one process, as for the responses
-            for p, port in enumerate(write_ports):
-                m.d.comb += [
-                    port.addr.eq(commit.word),
-                    port.data.eq(commit.data[p]),
-                    port.en.eq(commit.strobe[p]),
+                    sram.write_addr.eq(commit.word),
+                    sram.write_data.eq(commit.data[p]),
+                    sram.write_en.eq(commit.strobe[p]),
                 ]
 
         if self.rmw_port:
-            direct = [memory.read_port() for memory in memories]
-            for p, port in enumerate(direct):
-                m.d.comb += [port.addr.eq(self.direct_read.word),
-                             self.direct_read.data[p].eq(port.data)]
-            m.d.comb += [self.commit.valid.eq(committed), self.commit.payload.eq(commit)]
+            m.d.comb += [sram.second_addr.eq(self.direct_read.word) for sram in srams]
+            m.d.comb += [self.direct_read.data.eq(vector(sram.second_data for sram in srams)),
+                         self.commit.valid.eq(committed), self.commit.payload.eq(commit)]
         return m

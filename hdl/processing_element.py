@@ -9,16 +9,19 @@ from opentrn import numerics
 from .fp_adder import FPAdder
 from .fp_multiplier import FPMultiplier
 
-__all__ = ["ProcessingElement"]
+__all__ = ["ProcessingElement", "MAX_MACS"]
 
 #: Bits of an int8 element: the integer path reads the low byte of the element registers.
 _INT8_BITS = 8
 #: Bits of an E8M0 scale code (the MX formats).
 _SCALE_BITS = 8
+#: The most multiply-accumulates per cycle a PE can be built for, in one format.
+MAX_MACS = 16
 
 
-def _check(in_bits, acc_bits, formats):
-    """The float format names of ``formats``; raises on an invalid argument."""
+def _check(in_bits, acc_bits, formats, macs):
+    """``(float format names, {format: MACs per cycle})`` of the arguments; raises on an
+    invalid one."""
     if not isinstance(formats, tuple) or not formats:
         raise TypeError(f"formats={formats!r}: must be a non-empty tuple of format names")
     for name in formats:
@@ -27,54 +30,73 @@ def _check(in_bits, acc_bits, formats):
                              f"{', '.join(numerics.TENSOR_FORMATS)})")
     if len(set(formats)) != len(formats):
         raise ValueError(f"formats={formats!r}: names a format more than once")
-    if "int8" not in formats:
-        raise ValueError(f"formats={formats!r}: must include int8 (the integer path is "
-                         "always built)")
+    if not isinstance(macs, dict):
+        raise TypeError(f"macs={macs!r}: must be a dict of format name: MACs per cycle")
+    for name, count in macs.items():
+        if name not in formats:
+            raise ValueError(f"macs: {name!r} is not among formats={formats!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1 \
+                or count & (count - 1) or count > MAX_MACS:
+            raise ValueError(f"macs[{name!r}]={count!r}: must be a power of two from 1 to "
+                             f"{MAX_MACS}")
+    rates = {name: macs.get(name, 1) for name in formats}
     floats = tuple(name for name in formats if name != "int8")
-    widest = max(numerics.data_format(name).bytes * 8 for name in formats)
+    widest = max(rates[name] * numerics.data_format(name).bytes * 8 for name in formats)
     if in_bits < widest:
         raise ValueError(f"in_bits={in_bits}: must be at least {widest}, the width of the "
-                         "widest of formats")
+                         "widest column of formats (MACs per cycle x element bits)")
     if acc_bits < 2 * _INT8_BITS:
         raise ValueError(f"acc_bits={acc_bits}: must be at least {2 * _INT8_BITS} (an int8 "
                          "product)")
     if floats and acc_bits != 32:
         raise ValueError(f"acc_bits={acc_bits}: must be 32 (FP32 sums) with the float "
                          f"format {floats[0]}")
-    return floats
+    return floats, rates
 
 
 class ProcessingElement(wiring.Component):
-    """A multiply-accumulate cell with two weight registers.
+    """A multiply-accumulate cell with two weight registers, doing ``macs[F]`` (default 1)
+    multiply-accumulates per cycle in format ``F``.
 
-    The PE holds one weight in each of two banks. A moving element arrives from the left
-    with the number of the bank it is to be multiplied by and its format code; the PE passes
-    them to the right and sends down, by the format (docs/numerics.md):
+    The PE holds one weight column element in each of two banks. A moving element arrives
+    from the left with the number of the bank it is to be multiplied by and its format
+    code; the PE passes them to the right and sends down, by the format (docs/numerics.md):
 
-    * ``int8`` (code 0): ``psum_in + sext(x[7:0]) * sext(weight[7:0])``, wrapping to
-      ``acc_bits`` (two's complement);
-    * a float format ``F``: ``fp_add32(psum_in, fp_mul_F(weight, x))``, with ``psum_in`` and
-      the result FP32 codes: the exact product rounded to FP32, then the FP32 sum, both to
-      nearest even (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier`,
-      :class:`~opentrn.hdl.fp_adder.FPAdder`). The operands are the low bits of the element
-      registers (8 for FP8 and MXFP8, 16 for BF16);
-    * an MX format (``mxfp8e4m3``, ``mxfp8e5m2``): as its FP8 format, the product scaled by
-      ``2**(sw + sx - 254)`` before it is rounded, with ``sw`` the E8M0 scale stored with
+    * ``int8`` (code 0): ``psum_in + sum_j sext(x_j) * sext(w_j)``, wrapping to ``acc_bits``
+      (two's complement);
+    * a float format ``F``: ``acc = psum_in``, then ``acc = fp_add32(acc, fp_mul_F(w_j,
+      x_j))`` for ``j = 0, 1, ..``: each product rounded to FP32, each sum rounded, in lane
+      order (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier`,
+      :class:`~opentrn.hdl.fp_adder.FPAdder`);
+    * an MX format (``mxfp8e4m3``, ``mxfp8e5m2``): as its FP8 format, each product scaled
+      by ``2**(sw + sx - 254)`` before it is rounded, with ``sw`` the E8M0 scale stored with
       the weight (in the same bank) and ``sx`` the scale that comes with the element
-      (``x_scale_in``); a scale of 255 (E8M0 NaN) makes the product NaN.
+      (``x_scale_in``); a scale of 255 (E8M0 NaN) makes the product NaN. All lanes of a PE
+      share one scale of each operand (they are consecutive elements of one block of K).
 
-    Element registers hold raw bits (``in_bits`` wide, zero-extended codes). The float
-    units are built only when ``formats`` has a float format, the scale registers and ports
-    only when it has an MX format; of the two paths the unused one gets zero operands
-    (scales included), so it does not toggle (and simulates fast). For a format code not in
-    ``formats`` the result is unspecified. Elements of the other formats ignore the scales.
+    ``x_j`` and ``w_j``, ``j < macs[F]``, are the ``bits(F)``-bit fields ``j`` of the raw
+    element registers (``in_bits`` wide, zero-extended codes, field 0 lowest): with
+    ``macs[F] = r``, one PE takes ``r`` consecutive elements of the contraction dimension K
+    per cycle, as Trainium's FP8 "double row" (2) and MXFP8 (4) matmuls pack them. With
+    ``r = 1`` this is one multiply-accumulate of the low bits.
+
+    The integer path is built only with ``int8`` in ``formats``, the float units only with
+    a float format: lane ``j`` has a multiplier sized for the float formats with more than
+    ``j`` MACs per cycle and an adder; the scale registers and ports only with an MX format.
+    Of the two paths the unused one gets zero operands (scales included), and so do the
+    lanes the format does not use, so they do not toggle (and simulate fast). For a format
+    code not in ``formats`` the result is unspecified. Elements of the other formats ignore
+    the scales.
 
     Because every moving element carries its own bank number, a new stationary tile can be
     written into one bank while the other bank's tile is still in use by elements in flight
     (background weight load); no array-wide swap is needed. The format travels with the
     element too, so consecutive elements may be of different formats.
 
-    All registers advance only while ``enable`` is high (the array stalls as one).
+    All registers advance only while ``enable`` is high (the array stalls as one). They
+    carry data only and have no reset (``reset_less``): what is valid is tracked by the
+    tensor engine, and the PE is a shared block (:mod:`opentrn.hdl.hierarchy`), one Verilog
+    module however large the array.
 
     Members
     -------
@@ -92,7 +114,7 @@ class ProcessingElement(wiring.Component):
     x_out, bank_out, format_out : ``Out(...)``
         ``x_in``, ``bank_in`` and ``format_in`` registered, to the right neighbour.
     psum_out : ``Out(signed(acc_bits))``
-        The multiply-accumulate above, registered, to the PE below.
+        The multiply-accumulates above, registered, to the PE below.
     weight_we : ``In(1)``
         Write ``weight_data`` (and ``weight_scale``) into bank ``weight_bank`` this cycle
         (independent of ``enable``).
@@ -110,9 +132,10 @@ class ProcessingElement(wiring.Component):
         scale register.
     """
 
-    def __init__(self, *, in_bits, acc_bits, formats=("int8",)):
+    def __init__(self, *, in_bits, acc_bits, formats=("int8",), macs=None):
         try:
-            self._floats = _check(in_bits, acc_bits, formats)
+            self._floats, self._rates = _check(in_bits, acc_bits, formats,
+                                               {} if macs is None else macs)
         except (TypeError, ValueError):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
             raise
@@ -120,6 +143,8 @@ class ProcessingElement(wiring.Component):
         self._acc_bits = acc_bits
         self._formats = formats
         self._mx = any(numerics.data_format(name).mx for name in formats)
+        #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
+        self.shared_key = (in_bits, acc_bits, formats, tuple(sorted(self._rates.items())))
         members = {
             "enable": In(1),
             "x_in": In(unsigned(in_bits)),
@@ -146,12 +171,22 @@ class ProcessingElement(wiring.Component):
     def formats(self):
         return self._formats
 
+    @property
+    def macs(self):
+        """Multiply-accumulates per cycle of each format, ``{name: count}``."""
+        return dict(self._rates)
+
+    def _lane_formats(self, lane):
+        """The float formats whose elements use float lane ``lane``."""
+        return tuple(name for name in self._floats if self._rates[name] > lane)
+
     def elaborate(self, platform):
         m = Module()
-        weights = [Signal(unsigned(self._in_bits), name=f"weight{bank}") for bank in range(2)]
+        weights = [Signal(unsigned(self._in_bits), name=f"weight{bank}", reset_less=True)
+                   for bank in range(2)]
         # The E8M0 scale of each bank's weight (MX formats only).
-        scales = [Signal(_SCALE_BITS, name=f"weight_scale{bank}") for bank in range(2)
-                  ] if self._mx else []
+        scales = [Signal(_SCALE_BITS, name=f"weight_scale{bank}", reset_less=True)
+                  for bank in range(2)] if self._mx else []
 
         with m.If(self.weight_we):
             for bank in range(2):
@@ -166,48 +201,83 @@ class ProcessingElement(wiring.Component):
         if self._mx:
             m.d.comb += weight_scale.eq(Mux(self.bank_in, scales[1], scales[0]))
 
-        # The integer path: its operands are zero while a float element passes.
-        int_x = Signal(signed(_INT8_BITS))
-        int_w = Signal(signed(_INT8_BITS))
         result = Signal(signed(self._acc_bits))
         is_float = Signal()
         if self._floats:
             m.d.comb += is_float.eq(self.format_in != numerics.data_format("int8").code)
-        with m.If(~is_float):
-            m.d.comb += [int_x.eq(self.x_in[:_INT8_BITS]), int_w.eq(weight[:_INT8_BITS])]
+
+        # The integer path: its operands are zero while a float element passes.
         # Assignment truncates to acc_bits: two's-complement wrap-around.
-        int_result = self.psum_in + int_x * int_w
+        int_result = self.psum_in
+        if "int8" in self._formats:
+            for lane in range(self._rates["int8"]):
+                int_x = Signal(signed(_INT8_BITS), name=f"int_x{lane}")
+                int_w = Signal(signed(_INT8_BITS), name=f"int_w{lane}")
+                field = slice(lane * _INT8_BITS, (lane + 1) * _INT8_BITS)
+                with m.If(~is_float):
+                    m.d.comb += [int_x.eq(self.x_in[field]), int_w.eq(weight[field])]
+                int_result = int_result + int_x * int_w
 
         if self._floats:
-            m.submodules.multiplier = multiplier = FPMultiplier(formats=self._floats, lanes=1)
-            m.submodules.adder = adder = FPAdder(lanes=1)
-            width = multiplier.a.shape().elem_shape.width
-            # The float units' operands are zero while an int8 element passes; inside one
-            # condition they are one Verilog process, evaluated once per input change.
-            with m.If(is_float):
-                m.d.comb += [
-                    multiplier.format.eq(self.format_in),
-                    multiplier.a[0].eq(weight[:width]),
-                    multiplier.b[0].eq(self.x_in[:width]),
-                    adder.a[0].eq(self.psum_in),
-                    adder.b[0].eq(multiplier.product[0]),
-                ]
-                if self._mx:
-                    m.d.comb += [
-                        multiplier.scale_a[0].eq(weight_scale),
-                        multiplier.scale_b[0].eq(self.x_scale_in),
-                    ]
-            m.d.comb += result.eq(Mux(is_float, adder.sum[0], int_result))
+            float_result = self._float_lanes(m, weight, weight_scale)
+            if "int8" in self._formats:
+                m.d.comb += result.eq(Mux(is_float, float_result, int_result))
+            else:
+                m.d.comb += result.eq(float_result)
         else:
             m.d.comb += result.eq(int_result)
 
-        with m.If(self.enable):
-            m.d.sync += [
-                self.x_out.eq(self.x_in),
-                self.bank_out.eq(self.bank_in),
-                self.format_out.eq(self.format_in),
-                self.psum_out.eq(result),
-            ]
-            if self._mx:
-                m.d.sync += self.x_scale_out.eq(self.x_scale_in)
+        # Registers with no reset (see the docstring), driving the outputs.
+        registers = [(self.x_out, self.x_in), (self.bank_out, self.bank_in),
+                     (self.format_out, self.format_in), (self.psum_out, result)]
+        if self._mx:
+            registers.append((self.x_scale_out, self.x_scale_in))
+        for port, value in registers:
+            register = Signal.like(port, name=f"{port.name}_reg", reset_less=True)
+            with m.If(self.enable):
+                m.d.sync += register.eq(value)
+            m.d.comb += port.eq(register)
         return m
+
+    def _float_lanes(self, m, weight, weight_scale):
+        """The float path: a multiplier and an adder per lane, the adders chained in lane
+        order. Returns the FP32 code of the last active lane's sum."""
+        codes = {name: numerics.data_format(name).code for name in self._floats}
+        acc = self.psum_in
+        for lane in range(max(self._rates[name] for name in self._floats)):
+            lane_formats = self._lane_formats(lane)
+            suffix = f"_{lane}" if lane else ""
+            multiplier = FPMultiplier(formats=lane_formats, lanes=1)
+            adder = FPAdder(lanes=1)
+            m.submodules[f"multiplier{suffix}"] = multiplier
+            m.submodules[f"adder{suffix}"] = adder
+            # The lane is in use for the formats with more than ``lane`` MACs per cycle.
+            active = Signal(name=f"lane{lane}_active")
+            m.d.comb += active.eq(self.format_in.matches(
+                *(codes[name] for name in lane_formats)))
+            # Element ``lane`` of a format of b bits is field ``lane`` of b bits: formats of
+            # one width share a case. A lane's operands are zero while it is unused; inside
+            # one condition they are one Verilog process, evaluated once per input change.
+            widths = {}
+            for name in lane_formats:
+                widths.setdefault(numerics.data_format(name).element.bits, []).append(name)
+            with m.Switch(self.format_in):
+                for bits, names in sorted(widths.items()):
+                    field = slice(lane * bits, (lane + 1) * bits)
+                    with m.Case(*(codes[name] for name in names)):
+                        m.d.comb += [
+                            multiplier.format.eq(self.format_in),
+                            multiplier.a[0].eq(weight[field]),
+                            multiplier.b[0].eq(self.x_in[field]),
+                            adder.a[0].eq(acc),
+                            adder.b[0].eq(multiplier.product[0]),
+                        ]
+                        if self._mx:
+                            m.d.comb += [
+                                multiplier.scale_a[0].eq(weight_scale),
+                                multiplier.scale_b[0].eq(self.x_scale_in),
+                            ]
+            lane_sum = Signal(32, name=f"lane{lane}_sum")
+            m.d.comb += lane_sum.eq(Mux(active, adder.sum[0], acc))
+            acc = lane_sum
+        return acc

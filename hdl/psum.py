@@ -41,7 +41,7 @@ def te_write_layout(config):
     """One result beat of the tensor engine: entry ``(bank, entry)`` of every partition;
     ``accumulate`` adds to the stored value instead of overwriting it; ``float``: the data
     and the stored values are FP32 codes, added in FP32 (ignored, integer, in a build
-    without float formats)."""
+    without float formats; ignored, FP32, in a build without int8)."""
     return data.StructLayout({
         "bank": range(config.psum_banks), "entry": range(config.psum_bank_entries),
         "data": _values_shape(config), "accumulate": 1, "float": 1,
@@ -72,7 +72,8 @@ class PSUM(wiring.Component):
     * cycle ``t + 1``: the stored entry (``accumulate``) plus the beat, wrapped to
       ``acc_bits`` (or, with ``float``, ``fp_add32(stored, beat)`` of the FP32 codes: an
       :class:`~opentrn.hdl.fp_adder.FPAdder` of ``pe_cols`` lanes, built only when the
-      configuration has a float format), or the beat alone (overwrite: its 32 bits), is
+      configuration has a float format; a build without int8 has no integer adder and
+      adds every beat in FP32), or the beat alone (overwrite: its 32 bits), is
       written with the entry's 4 byte enables in every partition; a read granted from
       cycle ``t + 2`` on returns it.
 
@@ -211,7 +212,7 @@ class PSUM(wiring.Component):
             fp_sum = adder.sum
             # Zero operands unless a float accumulate is in stage 1, so the adder does not
             # toggle on integer beats; whole vectors, one assignment each (Icarus speed).
-            with m.If(s1_valid & s1_accumulate & s1_float):
+            with m.If(s1_valid & s1_accumulate & (s1_float if "int8" in cfg.dtypes else 1)):
                 m.d.comb += [
                     adder.a.eq(Cat(*merged)),
                     adder.b.eq(s1_data),
@@ -224,15 +225,19 @@ class PSUM(wiring.Component):
             # one Verilog process that Icarus evaluates once per input change, instead of
             # a net of concatenations that it re-propagates per bit: 10x faster simulation.
             with m.If(s1_valid):
-                m.d.comb += [
-                    old.eq(merged[p][:acc_bits]),
-                    # Assignment to acc_bits bits wraps the sum (two's complement).
-                    new.eq(Mux(s1_accumulate, old + s1_data[p], s1_data[p])),
-                    stored.eq(new),     # sign-extends to 32 bits
-                ]
-                if fp_sum is not None:
-                    with m.If(s1_accumulate & s1_float):
-                        m.d.comb += new.eq(fp_sum[p])
+                if "int8" in cfg.dtypes:
+                    m.d.comb += [
+                        old.eq(merged[p][:acc_bits]),
+                        # Assignment to acc_bits bits wraps the sum (two's complement).
+                        new.eq(Mux(s1_accumulate, old + s1_data[p], s1_data[p])),
+                    ]
+                    if fp_sum is not None:
+                        with m.If(s1_accumulate & s1_float):
+                            m.d.comb += new.eq(fp_sum[p])
+                else:
+                    # No integer format: every beat is FP32 (no integer adder is built).
+                    m.d.comb += new.eq(Mux(s1_accumulate, fp_sum[p], s1_data[p]))
+                m.d.comb += stored.eq(new)      # sign-extends to 32 bits
                 m.d.comb += [
                     # Every slot carries the value; the strobes pick the entry's 4 bytes.
                     write.payload.data[p].eq(Cat(*[stored] * (word_bytes // ENTRY_BYTES))),

@@ -8,14 +8,13 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
-from opentrn.config import ConfigError
 from opentrn.isa import ENGINE_OPCODES, WORD_BYTES, Engine, Fault, Opcode, layout
 
 from .axi4 import BOUNDARY_BYTES, BURST_INCR, RESP_OKAY, AXI4ReadSignature
 from .semaphores import INDEX_BITS, VALUE_BITS
 
-__all__ = ["Sequencer", "unit_layout", "check_fetch", "FETCH_BUFFER_BYTES", "RETIRE_DEPTH",
-           "POINTER_BITS"]
+__all__ = ["Sequencer", "unit_layout", "FETCH_BUFFER_BYTES", "RETIRE_DEPTH", "POINTER_BITS",
+           "fetch_unit"]
 
 #: The instruction prefetch buffer: 8 single-word instructions.
 FETCH_BUFFER_BYTES = 8 * WORD_BYTES
@@ -25,18 +24,16 @@ RETIRE_DEPTH = 16
 POINTER_BITS = 64
 
 
+def fetch_unit(config):
+    """Bytes the instruction assembly takes per cycle: one bus beat, or one instruction
+    word of a beat wider than a word."""
+    return min(config.dma_bus_bytes, WORD_BYTES)
+
+
 def unit_layout(engine):
     """The layout of the instructions an engine's unit receives: its longest format."""
     return {Engine.DMA: layout(Opcode.DMA), Engine.TENSOR: layout(Opcode.MATMUL),
             Engine.ACTIVATION: layout(Opcode.ACTIVATE)}[Engine(engine)]
-
-
-def check_fetch(config):
-    """Raise :class:`ConfigError` unless the instruction fetch fits ``dma_bus_bytes``."""
-    if not WORD_BYTES % config.dma_bus_bytes == 0:
-        raise ConfigError(f"dma_bus_bytes={config.dma_bus_bytes}: the core's instruction "
-                          f"fetch needs a bus of at most {WORD_BYTES} bytes (one instruction "
-                          "word)")
 
 
 class Sequencer(wiring.Component):
@@ -45,7 +42,12 @@ class Sequencer(wiring.Component):
     Fetch: from ``start`` on, AXI4 INCR bursts read the stream ahead into a buffer of
     ``FETCH_BUFFER_BYTES`` (a burst is issued only when the buffer has room for all of it, so
     ``rready`` is always high; bursts stay inside 4 KiB blocks, which also keeps them inside
-    HBM). Fetching stops at ``END`` or a fault; ``quiet`` tells when no burst is in flight.
+    HBM), from the program pointer rounded down to a beat. Fetching stops at ``END`` or a
+    fault; ``quiet`` tells when no burst is in flight.
+
+    Assembly takes :func:`fetch_unit` bytes per cycle from the buffer: a beat of a bus of up
+    to 32 bytes (one instruction word), else one word of the beat, starting at the pointer's
+    word within its first beat; a beat leaves the buffer with its last word.
 
     Each instruction, once all its bytes are in, is checked (opcode, semaphore indices, then
     the unit's ``fault``), then waits until ``semaphores[wait_sem] >= wait_value``, then goes
@@ -95,7 +97,6 @@ class Sequencer(wiring.Component):
     """
 
     def __init__(self, *, config, engine):
-        check_fetch(config)
         self._config = config
         self._engine = Engine(engine)
         self._layout = unit_layout(engine)
@@ -117,9 +118,12 @@ class Sequencer(wiring.Component):
         cfg = self._config
         engine = self._engine
         bus_bytes = cfg.dma_bus_bytes
-        beats_per_word = WORD_BYTES // bus_bytes
+        unit = fetch_unit(cfg)
+        units_per_word = WORD_BYTES // unit
+        units_per_beat = bus_bytes // unit
         buffer_beats = FETCH_BUFFER_BYTES // bus_bytes
         burst_beats = buffer_beats // 2
+        assert burst_beats >= 1, "Config keeps dma_bus_bytes <= FETCH_BUFFER_BYTES / 2"
         max_words = self._layout.size // (8 * WORD_BYTES)
         m = Module()
 
@@ -171,7 +175,9 @@ class Sequencer(wiring.Component):
         # -- instruction assembly and checks -----------------------------------------------
         word = Signal(self._layout)
         word_bits = word.as_value()
-        have = Signal(range(max_words * beats_per_word + 1))
+        have = Signal(range(max_words * units_per_word + 1))     # units assembled
+        # The unit of the buffer's head beat that assembly takes next.
+        slot = Signal(range(max(units_per_beat, 2)))
         bad_beat = Signal()
         pc = Signal(POINTER_BITS)
         m.d.comb += [self.pc.eq(pc), self.check.eq(word)]
@@ -183,7 +189,7 @@ class Sequencer(wiring.Component):
             m.d.comb += is_long.eq(opcode == Opcode.DMA)
         complete = Signal()
         m.d.comb += complete.eq(
-            (have == 2 * beats_per_word) | ((have == beats_per_word) & ~is_long))
+            (have == 2 * units_per_word) | ((have == units_per_word) & ~is_long))
         legal = Signal()
         m.d.comb += legal.eq(sum(opcode == op for op in ENGINE_OPCODES[engine]) != 0)
         is_unit = Signal()
@@ -243,10 +249,15 @@ class Sequencer(wiring.Component):
                          self.error_pc.eq(pc), fetching.eq(0)]
             m.next = "FAULT"
 
+        beat_bits = exact_log2(bus_bytes)
+
         def begin():
+            # Bursts fetch whole beats: from the pointer's beat, assembly from its unit.
             m.d.sync += [pc.eq(self.program), have.eq(0), bad_beat.eq(0),
-                         fetch_addr.eq(self.program), ended.eq(0),
+                         fetch_addr.eq(self.program >> beat_bits << beat_bits), ended.eq(0),
                          self.error.eq(0), self.error_code.eq(0)]
+            if units_per_beat > 1:
+                m.d.sync += slot.eq(self.program[exact_log2(unit):beat_bits])
             with m.If(self.program[:exact_log2(WORD_BYTES)] != 0):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(Fault.FETCH_ERROR),
                              self.error_pc.eq(self.program)]
@@ -273,16 +284,25 @@ class Sequencer(wiring.Component):
                         fault(Fault.FETCH_ERROR)
                     with m.Else():
                         m.next = "READY"
-                with m.Elif(pc + have * bus_bytes >= cfg.hbm_bytes):
+                with m.Elif(pc + have * unit >= cfg.hbm_bytes):
                     fault(Fault.FETCH_ERROR)
                 with m.Elif(buffer.r_rdy):
-                    m.d.comb += buffer.r_en.eq(1)
+                    beat_data = buffer.r_data[:8 * bus_bytes]
                     m.d.sync += [
-                        word_bits.word_select(have, 8 * bus_bytes).eq(
-                            buffer.r_data[:8 * bus_bytes]),
                         bad_beat.eq(bad_beat | buffer.r_data[-1]),
                         have.eq(have + 1),
                     ]
+                    if units_per_beat == 1:
+                        m.d.comb += buffer.r_en.eq(1)
+                        m.d.sync += word_bits.word_select(have, 8 * unit).eq(beat_data)
+                    else:
+                        # The beat leaves the buffer with its last unit.
+                        m.d.comb += buffer.r_en.eq(slot == units_per_beat - 1)
+                        m.d.sync += [
+                            word_bits.word_select(have, 8 * unit).eq(
+                                beat_data.word_select(slot, 8 * unit)),
+                            slot.eq(slot + 1),          # wraps with the beat
+                        ]
                 restart_if_started()
             with m.State("READY"):
                 m.d.comb += self.check_valid.eq(1)

@@ -1,17 +1,19 @@
 """The tensor engine: a weight-stationary systolic array computing
 ``out[M, N] = stationary[K, M].T @ moving[K, N]`` (Trainium's ``nc_matmul`` semantics)."""
 
-from amaranth import Module, Signal, signed, unsigned
+from amaranth import Cat, Module, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
-from opentrn.numerics import mx_blocks  # the layouts have a scale field when it is > 0
+from opentrn.numerics import mx_block_rows, mx_blocks  # scale fields when mx_blocks > 0
 
-from .processing_element import ProcessingElement
+from .delay_line import DelayLine
+from .hierarchy import shared
+from .processing_element_array import ProcessingElementArray
 
-__all__ = ["TensorEngine", "formats", "mx_blocks", "stationary_layout", "moving_layout",
-           "result_layout"]
+__all__ = ["TensorEngine", "formats", "mx_blocks", "mx_block_rows", "stationary_layout",
+           "moving_layout", "result_layout"]
 
 #: Bits of an E8M0 scale code (the MX formats).
 _SCALE_BITS = 8
@@ -184,79 +186,77 @@ class TensorEngine(wiring.Component):
         with m.Elif(advance & (guard != 0)):
             m.d.sync += guard.eq(guard - 1)
 
-        # -- the array ---------------------------------------------------------------------
-        pes = [[ProcessingElement(in_bits=cfg.in_bits, acc_bits=cfg.acc_bits,
-                                  formats=self._formats)
-                for _ in range(cols)] for _ in range(rows)]
-        for row in range(rows):
-            for col in range(cols):
-                m.submodules[f"pe_{row}_{col}"] = pes[row][col]
+        # -- the array: one block of pe_rows x pe_cols PEs ------------------------------------
+        array = ProcessingElementArray(
+            rows=rows, cols=cols, in_bits=cfg.in_bits, acc_bits=cfg.acc_bits,
+            formats=self._formats, macs={name: cfg.macs_per_pe_cycle(name)
+                                         for name in self._formats})
+        m.submodules.array = shared(array)
 
-        # Skew: row k sees a vector k cycles after row 0, in step with the partial sums coming
-        # down from the rows above. Registers that advance with the array: delay lines whose
-        # taps are the value 0, 1, 2, ... advances ago.
-        skew = []
-
-        def delay_line(value, length, name):
-            taps = [value]
-            for stage in range(length):
-                reg = Signal.like(taps[-1], name=f"{name}_{stage}")
-                skew.append(reg.eq(taps[-1]))
-                taps.append(reg)
-            return taps
-
-        # The bank and format of a vector are the same in every row: one line for all rows,
-        # row k taps it after k registers.
-        bank_taps = delay_line(vector_bank, rows - 1, "skew_bank")
-        format_taps = delay_line(self.moving.payload.format, rows - 1, "skew_format")
-        # The moving scales: one line per block, as long as the delay of the block's last
-        # row; row k of block b taps it after k registers (the earlier taps are unused).
-        blocks = mx_blocks(cfg)
-        scale_taps = []
-        for block in range(blocks):
-            first = block * numerics.MX_BLOCK
-            last_row = min(first + numerics.MX_BLOCK, rows) - 1
-            taps = delay_line(self.moving.payload.scale[block], last_row, f"skew_scale_{block}")
-            scale_taps += taps[first:last_row + 1]
-        assert len(scale_taps) == (rows if blocks else 0)
-
-        for row in range(rows):
-            # The elements: one line per row.
-            x = delay_line(self.moving.payload.data[row], row, f"skew_x_{row}")[row]
-            bank, fmt = bank_taps[row], format_taps[row]
-            for col in range(cols):
-                pe = pes[row][col]
-                left = pes[row][col - 1] if col else None
-                m.d.comb += [
-                    pe.enable.eq(advance),
-                    pe.x_in.eq(left.x_out if left else x),
-                    pe.bank_in.eq(left.bank_out if left else bank),
-                    pe.format_in.eq(left.format_out if left else fmt),
-                    pe.psum_in.eq(pes[row - 1][col].psum_out if row else 0),
-                    pe.weight_we.eq(load & (load_column == col)),
-                    pe.weight_bank.eq(load_bank),
-                    pe.weight_data.eq(self.stationary.payload.data[row]),
-                ]
-                if blocks:
-                    m.d.comb += [
-                        pe.x_scale_in.eq(left.x_scale_out if left else scale_taps[row]),
-                        pe.weight_scale.eq(
-                            self.stationary.payload.scale[row // numerics.MX_BLOCK]),
-                    ]
-
+        # Skew: row k sees a vector k advances after row 0, in step with the partial sums
+        # coming down from the rows above; de-skew: column m leaves the array m advances
+        # after column 0 and is delayed M-1-m more. Delay lines of one block each
+        # (DelayLine: a circular buffer, the same module whatever the delay), all written at
+        # one index, the advances so far.
+        skew_index = Signal(range(rows), name="skew_index")
+        deskew_index = Signal(range(cols), name="deskew_index")
         with m.If(advance):
-            m.d.sync += skew
+            m.d.sync += [skew_index.eq(skew_index + 1), deskew_index.eq(deskew_index + 1)]
+
+        def delay_line(name, value, delay, index, depth):
+            value = Value.cast(value)
+            line = DelayLine(width=len(value), depth=depth)
+            m.submodules[name] = shared(line)
+            m.d.comb += [line.enable.eq(advance), line.index.eq(index), line.delay.eq(delay),
+                         line.i.eq(value)]
+            return line.o
+
+        # A vector's element of row k travels with its bank, format and (MX) the scale of
+        # row k's block: one line per row.
+        blocks = mx_blocks(cfg)
+        block_rows = mx_block_rows(cfg) if blocks else 0
+        weight_we = Signal(cols)
+        with m.If(load):
+            m.d.comb += weight_we.eq(1 << load_column)
+        m.d.comb += [
+            array.enable.eq(advance),
+            array.psum_in.eq(0),
+            array.weight_we.eq(weight_we),
+            array.weight_bank.eq(load_bank),
+            array.weight_data.eq(self.stationary.payload.data),
+        ]
+
+        def row_field(bus, row):
+            """Row ``row``'s field of one of the array's flat per-row buses."""
+            width = len(bus) // rows
+            return bus[row * width:(row + 1) * width]
+
+        for row in range(rows):
+            entering = [self.moving.payload.data[row], vector_bank, self.moving.payload.format]
+            if blocks:
+                entering.append(self.moving.payload.scale[row // block_rows])
+            skewed = delay_line(f"skew_{row}", Cat(*entering), row, skew_index, rows)
+            fields = [len(Value.cast(value)) for value in entering]
+            starts = [sum(fields[:i]) for i in range(len(fields))]
+            x, bank, fmt, *scale = (skewed[start:start + width]
+                                    for start, width in zip(starts, fields, strict=True))
+            m.d.comb += [
+                row_field(array.x_in, row).eq(x),
+                row_field(array.bank_in, row).eq(bank),
+                row_field(array.format_in, row).eq(fmt),
+            ]
+            if blocks:
+                m.d.comb += [
+                    row_field(array.x_scale_in, row).eq(scale[0]),
+                    row_field(array.weight_scale, row).eq(
+                        self.stationary.payload.scale[row // block_rows]),
+                ]
 
         # -- de-skew and result ------------------------------------------------------------
-        # Column m leaves the array m cycles after column 0; delay it by M-1-m more.
         for col in range(cols):
-            value = pes[rows - 1][col].psum_out
-            for stage in range(cols - 1 - col):
-                value_reg = Signal(signed(cfg.acc_bits), name=f"deskew_{col}_{stage}")
-                with m.If(advance):
-                    m.d.sync += value_reg.eq(value)
-                value = value_reg
-            m.d.comb += self.result.payload.data[col].eq(value)
+            column = array.psum_out[col * cfg.acc_bits:(col + 1) * cfg.acc_bits]
+            m.d.comb += self.result.payload.data[col].eq(delay_line(
+                f"deskew_{col}", column, cols - 1 - col, deskew_index, cols))
 
         # valid and last travel with the vector: K + M - 1 stages to the result.
         depth = rows + cols - 1

@@ -16,7 +16,8 @@ from .partitioned_memory import (
     vector_response_layout,
     vector_shape,
 )
-from .tensor_engine import TensorEngine, formats, mx_blocks
+from .processing_element import MAX_MACS
+from .tensor_engine import TensorEngine, formats, mx_block_rows, mx_blocks
 
 __all__ = ["TensorUnit", "LOAD_JOBS", "MATMUL_JOBS", "LOAD_WORDS", "MATMUL_WORDS"]
 
@@ -35,14 +36,16 @@ MATMUL_WORDS = 4
 _SEQUENCE_BITS = ceil_log2(LOAD_JOBS + MATMUL_JOBS) + 1
 
 
-def _has_wide(config):
-    """A format of two-byte elements (bf16) is built: the column readers can read them."""
-    return any(numerics.data_format(name).bytes == 2 for name in config.dtypes)
+def _size_bits(config):
+    """log2 of the widest column of the build's formats (``numerics.column_bytes``): 0 when
+    every column is one byte, 1 with bf16 (or FP8 two MACs per cycle), 2 with four bytes..."""
+    return max(exact_log2(numerics.column_bytes(config, name)) for name in config.dtypes)
 
 
-def _common_job(config, count_max, *, wide=True):
+def _common_job(config, count_max, *, columns=True):
     """The fields a column reader needs: the words to read and where the columns are
-    (``wide``: its elements may be 2 bytes, if the build has such a format)."""
+    (``columns``: of the build's formats, whose columns may be wider than a byte; else one
+    byte each, as a scale reader's)."""
     _, word_bytes, depth = sbuf.geometry(config)
     fields = {
         "first_word": range(depth), "last_word": range(depth),
@@ -50,8 +53,8 @@ def _common_job(config, count_max, *, wide=True):
         "count": range(count_max + 1),           # columns read from the SBUF
         "sequence": _SEQUENCE_BITS,              # program order (wraps)
     }
-    if wide and _has_wide(config):
-        fields["wide"] = 1                       # elements of 2 bytes (else 1)
+    if columns and _size_bits(config):
+        fields["size"] = range(_size_bits(config) + 1)   # log2 of the column's bytes
     return fields
 
 
@@ -66,7 +69,7 @@ def _path_job(config, count_max):
 
 def _scale_job(config, count_max):
     """A scale reader's job: one E8M0 byte per column."""
-    return data.StructLayout(_common_job(config, count_max, wide=False))
+    return data.StructLayout(_common_job(config, count_max, columns=False))
 
 
 def _load_job(config):
@@ -80,9 +83,16 @@ def _matmul_job(config):
         "accumulate": 1,
         "format": numerics.FORMAT_CODE_BITS,     # the moving vectors' format
         "swap": 1,                               # a load was accepted since the last matmul
-        "macs": range(config.pe_rows * config.pe_cols + 1),   # rows * cols of its tile
+        "macs": range(_max_macs(config) + 1),    # K x cols of its tile
         "cols": range(config.pe_cols + 1),       # of its tile: PSUM partitions it writes
     })
+
+
+def _max_macs(config):
+    """The most multiply-accumulates of one moving vector: a full tile of the fastest
+    format."""
+    return config.pe_rows * config.pe_cols * max(config.macs_per_pe_cycle(name)
+                                                 for name in config.dtypes)
 
 
 def _select(m, out, items, index):
@@ -110,10 +120,10 @@ class _ColumnReader:
     ``finish`` (the current job is complete: dequeue it). Outputs: ``space``,
     ``want``/``word`` (request), ``gen_job`` (the address generator's job), ``reserved``
     (words held or requested), ``job`` (the extractor's job), ``has_job``, ``col``,
-    ``in_data`` (``col < job.count``), ``word_ready`` (a word is held), ``column`` (element
+    ``in_data`` (``col < job.count``), ``word_ready`` (a word is held), ``column`` (column
     ``col`` of the job in each of the first ``partitions`` partitions, zero-extended to
-    ``element_bits``: one byte, or with ``job.wide`` two adjacent bytes of one word,
-    little-endian; element-aligned offsets and words of at least 4 bytes keep an element
+    ``element_bits``: ``2 ** job.size`` adjacent bytes of one word, little-endian (one byte
+    without ``size``); column-aligned offsets and columns of at most one word keep a column
     within one word). Only those partitions of a word are kept (a scale reader keeps one per
     MX block).
     """
@@ -139,7 +149,8 @@ class _ColumnReader:
         self.word_ready = Signal(name=f"{name}_word_ready")
         self.column = Signal(data.ArrayLayout(element_bits, partitions),
                              name=f"{name}_column")
-        wide_built = "wide" in layout.members
+        sizes = range(layout.members["size"].stop) if "size" in layout.members \
+            else range(1)
 
         # -- job queue: one write pointer, two read pointers (address generator, extractor)
         queue = [Signal(layout, name=f"{name}_queue_{i}") for i in range(jobs)]
@@ -193,29 +204,27 @@ class _ColumnReader:
         lane = Signal(exact_log2(word_bytes), name=f"{name}_lane")
         _select(m, self.job, queue, extract_at)
         _select(m, head, buffer, drain_at)
-        wide = self.job.wide if wide_built else 0
+        size = self.job.size if len(sizes) > 1 else 0
         m.d.comb += [
-            lane.eq(self.job.lane + (self.col << wide)),   # wraps within the word
+            lane.eq(self.job.lane + (self.col << size)),   # wraps within the word
             self.in_data.eq(self.col < self.job.count),
             self.word_ready.eq(stored != 0),
         ]
-        with m.Switch(lane):
-            for byte in range(word_bytes):
-                with m.Case(byte):
-                    narrow = [self.column[p].eq(head[p][byte]) for p in range(partitions)]
-                    if wide_built and byte + 1 < word_bytes:
-                        with m.If(wide):
-                            m.d.comb += [self.column[p].eq(Cat(head[p][byte], head[p][byte + 1]))
-                                         for p in range(partitions)]
-                        with m.Else():
-                            m.d.comb += narrow
-                    else:
-                        m.d.comb += narrow
-        # A word is done after its last element or the job's last column (the next job
+        # Column bytes lane .. lane + 2**size - 1 (aligned: within the word).
+        with m.Switch(Cat(lane, size) if len(sizes) > 1 else lane):
+            for log2 in sizes:
+                width = 1 << log2
+                for byte in range(0, word_bytes, width):
+                    key = byte | (log2 << len(lane)) if len(sizes) > 1 else byte
+                    with m.Case(key):
+                        m.d.comb += [self.column[p].eq(
+                                         head[p].as_value()[8 * byte:8 * (byte + width)])
+                                     for p in range(partitions)]
+        # A word is done after its last column or the job's last column (the next job
         # reads its own words, even the same one).
         pop = Signal(name=f"{name}_pop")
         m.d.comb += pop.eq(self.take & self.in_data
-                           & ((lane == word_bytes - 1 - wide)
+                           & ((lane == word_bytes - (1 << size))
                               | (self.col == self.job.count - 1)))
         with m.If(pop):
             m.d.sync += drain_at.eq(_wrap_increment(drain_at, words))
@@ -240,13 +249,14 @@ class TensorUnit(wiring.Component):
     read and fed to the array's idle weight bank while the current matmul streams its moving
     vectors; the array keeps program order (a swap waits for the load, a load waits for the
     swap before it). One SBUF read serves up to ``dma_bus_bytes / bytes`` columns, where
-    ``bytes`` is the element size of the instruction's ``format`` (1 for int8 and FP8, 2 for
-    BF16); the array takes one column per cycle in every format.
+    ``bytes`` is the column size of the instruction's ``format``
+    (``numerics.column_bytes``: ``macs_per_pe_cycle`` elements of 1 byte for int8 and FP8, 2
+    for BF16); the array takes one column per cycle in every format.
 
-    * A load: ``pe_cols`` stationary beats, column ``m < cols`` the element at byte
+    * A load: ``pe_cols`` stationary beats, column ``m < cols`` the ``bytes`` bytes at
       ``sbuf_offset + m * bytes`` of partitions ``< rows`` (others 0), zero-extended to
       ``in_bits``, then zero columns.
-    * A matmul: ``n`` moving vectors of its ``format`` (the element at byte
+    * A matmul: ``n`` moving vectors of its ``format`` (the ``bytes`` bytes at
       ``sbuf_offset + j * bytes`` of partitions ``<`` the tile's ``rows``, others 0), the
       first with ``swap`` when a load was accepted since the previous matmul, the final one
       with ``last``; result ``j`` goes to PSUM ``(psum_bank, psum_entry + j)``, 0 in the
@@ -255,10 +265,11 @@ class TensorUnit(wiring.Component):
       results, as the ISA says: for int8 the zero weights already do it, but a float
       ``0 * inf`` is NaN. A FIFO of ``pe_rows + pe_cols`` entries holds the destination of
       the matmuls whose results are in flight.
-    * An MX format (with ``mx_blocks`` blocks of 32 rows): each path has a second column
-      reader for the scales, byte ``scale_offset + j`` of partitions ``b < mx_blocks``
-      (block ``b``'s E8M0 scale of column ``j``), which go with column ``j`` (127, that is
-      ``2**0``, for blocks at or past the tile's ``rows``). The four readers share
+    * An MX format (with ``mx_blocks`` blocks of 32 elements of K, ``mx_block_rows``
+      partitions each): each path has a second column reader for the scales, byte
+      ``scale_offset + j`` of partitions ``b < mx_blocks`` (block ``b``'s E8M0 scale of
+      column ``j``), which go with column ``j`` (127, that is ``2**0``, for blocks that
+      start at or past the tile's ``rows``). The four readers share
       ``sbuf_read`` by age as above (a path's two by the fewer words reserved), so an MX
       instruction reads twice the words of an FP8 one.
     * Instructions retire in program order: a load once its last column entered the array,
@@ -281,9 +292,10 @@ class TensorUnit(wiring.Component):
         An accepted instruction has not retired yet.
     busy : ``Out(1)``
         A moving vector enters the array this cycle.
-    macs : ``Out(range(pe_rows * pe_cols + 1))``
-        This cycle's multiply-accumulates: ``rows * cols`` of the tile the entering vector
-        uses, 0 when none enters.
+    macs : ``Out(range(...))``
+        This cycle's multiply-accumulates: ``rows * r * cols`` of the tile the entering
+        vector uses (``r`` the MACs per PE per cycle of the tile's format), 0 when none
+        enters.
     sbuf_read : ``Out(read_signature(vector_request_layout, vector_response_layout))``
         To ``SBUF.te_read``.
     psum_write : ``Out(stream.Signature(psum.te_write_layout(config)))``
@@ -306,7 +318,7 @@ class TensorUnit(wiring.Component):
             "retire": Out(1),
             "active": Out(1),
             "busy": Out(1),
-            "macs": Out(range(config.pe_rows * config.pe_cols + 1)),
+            "macs": Out(range(_max_macs(config) + 1)),
             "sbuf_read": Out(read_signature(vector_request_layout(depth),
                                             vector_response_layout(partitions, word_bytes))),
             "psum_write": Out(stream.Signature(psum.te_write_layout(config))),
@@ -315,31 +327,46 @@ class TensorUnit(wiring.Component):
     # -- checks --------------------------------------------------------------------------
 
     def _element(self, m, code, name):
-        """``(legal, wide, mx)`` of a format code: a format of the build
-        (``matmul_formats``), one of 2-byte elements, an MX format."""
+        """``(legal, size, rate, mx)`` of a format code: a format of the build
+        (``matmul_formats``), log2 of its column's bytes (``numerics.column_bytes``), log2 of
+        its MACs per PE per cycle, an MX format."""
+        cfg = self._config
         legal = Signal(name=f"{name}_legal")
-        wide = Signal(name=f"{name}_wide")
+        # At least one bit: a build of one-byte formats only still has the field (always 0).
+        size = Signal(range(max(_size_bits(cfg) + 1, 2)), name=f"{name}_size")
+        rate = Signal(range(exact_log2(MAX_MACS) + 1), name=f"{name}_rate")
         mx = Signal(name=f"{name}_mx")
-        built = numerics.matmul_formats(self._config)
+        built = numerics.matmul_formats(cfg)
         m.d.comb += [
             legal.eq(Cat(code == fmt.code for fmt in built).any()),
-            wide.eq(Cat(code == fmt.code for fmt in built if fmt.bytes == 2).any()),
             mx.eq(Cat(code == fmt.code for fmt in built if fmt.mx).any()),
         ]
-        return legal, wide, mx
+        with m.Switch(code):
+            for fmt in built:
+                with m.Case(fmt.code):
+                    m.d.comb += [
+                        size.eq(exact_log2(numerics.column_bytes(cfg, fmt.name))),
+                        rate.eq(exact_log2(cfg.macs_per_pe_cycle(fmt.name))),
+                    ]
+        return legal, size, rate, mx
 
     def _check(self, m, loaded, load_pending, tile_format):
         """``fault`` for the instruction on ``check`` (docs/isa.md, in its rule order):
         ``ILLEGAL_OPCODE`` for a format the build lacks, then ``BAD_FIELD``, then
-        ``OUT_OF_RANGE`` (extents in bytes: elements of the format's size; an MX format's
+        ``OUT_OF_RANGE`` (extents in bytes: columns of the format's size; an MX format's
         scales, one byte per column from ``scale_offset``)."""
         cfg = self._config
         k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
         size = cfg.sbuf_bytes_per_partition
         load = data.View(isa.layout(isa.Opcode.LOAD_STATIONARY), self.check.as_value())
         mm = self.check
-        load_legal, load_wide, load_mx = self._element(m, load.format, "check_load")
-        mm_legal, mm_wide, mm_mx = self._element(m, mm.format, "check_matmul")
+        load_legal, load_size, _, load_mx = self._element(m, load.format, "check_load")
+        mm_legal, mm_size, _, mm_mx = self._element(m, mm.format, "check_matmul")
+
+        def misaligned(offset, size):
+            """``offset`` is not a multiple of ``2 ** size`` bytes."""
+            return (offset & ((1 << size) - 1)) != 0
+
         with m.If(self.check_valid):
             with m.Switch(mm.opcode):
                 with m.Case(int(isa.Opcode.LOAD_STATIONARY)):
@@ -347,19 +374,19 @@ class TensorUnit(wiring.Component):
                         m.d.comb += self.fault.eq(int(isa.Fault.ILLEGAL_OPCODE))
                     with m.Elif(load_pending | (load.rows == 0) | (load.rows > k_rows)
                                 | (load.cols == 0) | (load.cols > m_cols)
-                                | (load_wide & load.sbuf_offset[0])):
+                                | misaligned(load.sbuf_offset, load_size)):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
-                    with m.Elif((load.sbuf_offset + (load.cols << load_wide) > size)
+                    with m.Elif((load.sbuf_offset + (load.cols << load_size) > size)
                                 | (load_mx & (load.scale_offset + load.cols > size))):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
                 with m.Case(int(isa.Opcode.MATMUL)):
                     with m.If(~mm_legal):
                         m.d.comb += self.fault.eq(int(isa.Fault.ILLEGAL_OPCODE))
                     with m.Elif(~loaded | (mm.n == 0) | (mm.n > cfg.moving_max)
-                                | (mm_wide & mm.sbuf_offset[0])
+                                | misaligned(mm.sbuf_offset, mm_size)
                                 | (mm.format != tile_format)):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
-                    with m.Elif((mm.sbuf_offset + (mm.n << mm_wide) > size)
+                    with m.Elif((mm.sbuf_offset + (mm.n << mm_size) > size)
                                 | (mm_mx & (mm.scale_offset + mm.n > size))
                                 | (mm.psum_bank >= cfg.psum_banks)
                                 | (mm.psum_entry + mm.n > cfg.psum_bank_entries)):
@@ -377,7 +404,7 @@ class TensorUnit(wiring.Component):
         # -- program state: what the accepted instructions imply ----------------------------
         loaded = Signal()            # a LOAD_STATIONARY was accepted
         load_pending = Signal()      # ... and no MATMUL after it yet
-        tile_macs = Signal(range(k_rows * m_cols + 1))   # rows * cols of the latest load
+        tile_macs = Signal(range(_max_macs(cfg) + 1))   # K * cols of the latest load
         tile_rows = Signal(range(k_rows + 1))
         tile_cols = Signal(range(m_cols + 1))
         tile_format = Signal(numerics.FORMAT_CODE_BITS)   # format of the latest load
@@ -394,6 +421,7 @@ class TensorUnit(wiring.Component):
         # With an MX format, each path has a second reader for its MX jobs' scales (block b
         # in partition b); its queue holds the path's MX jobs, in the same order.
         blocks = mx_blocks(cfg)
+        block_rows = mx_block_rows(cfg) if blocks else 0
         scale_of = {}
         if blocks:
             for path, jobs, words, col_max in ((loads, LOAD_JOBS, LOAD_WORDS, m_cols),
@@ -418,20 +446,20 @@ class TensorUnit(wiring.Component):
             is_load.eq(word.opcode == isa.Opcode.LOAD_STATIONARY),
         ]
         accept = self.instruction.valid & self.instruction.ready
-        _, load_wide, load_mx = self._element(m, load.format, "accept_load")
-        _, matmul_wide, matmul_mx = self._element(m, word.format, "accept_matmul")
+        _, load_size, load_rate, load_mx = self._element(m, load.format, "accept_load")
+        _, matmul_size, _, matmul_mx = self._element(m, word.format, "accept_matmul")
 
-        def place(job, offset, count, wide=0):
-            """The word span and first lane of ``count`` columns (elements of 1 byte, or 2
-            bytes when ``wide``) from byte ``offset``."""
+        def place(job, offset, count, size=0):
+            """The word span and first lane of ``count`` columns of ``2 ** size`` bytes
+            from byte ``offset``."""
             offset = offset[:offset_bits]
             return [
                 job.first_word.eq(offset >> lane_bits),
-                job.last_word.eq((offset + (count << wide) - 1) >> lane_bits),
+                job.last_word.eq((offset + (count << size) - 1) >> lane_bits),
                 job.lane.eq(offset[:lane_bits]),
                 job.count.eq(count),
                 job.sequence.eq(sequence),
-                *([job.wide.eq(wide)] if "wide" in job.shape().members else []),
+                *([job.size.eq(size)] if "size" in job.shape().members else []),
             ]
 
         if blocks:
@@ -451,9 +479,9 @@ class TensorUnit(wiring.Component):
         m.d.comb += self.instruction.ready.eq(order.w_rdy & Mux(is_load, load_space,
                                                                 matmul_space))
         m.d.comb += [
-            *place(loads.push_job, load.sbuf_offset, load.cols, load_wide),
+            *place(loads.push_job, load.sbuf_offset, load.cols, load_size),
             loads.push_job.rows.eq(load.rows),
-            *place(matmuls.push_job, word.sbuf_offset, word.n, matmul_wide),
+            *place(matmuls.push_job, word.sbuf_offset, word.n, matmul_size),
             matmuls.push_job.format.eq(word.format),
             matmuls.push_job.bank.eq(word.psum_bank),
             matmuls.push_job.entry.eq(word.psum_entry),
@@ -470,10 +498,12 @@ class TensorUnit(wiring.Component):
         with m.If(accept):
             m.d.sync += sequence.eq(sequence + 1)
             with m.If(is_load):
-                # rows <= K and cols <= M (checked): the product of the narrow fields.
+                # rows <= K and cols <= M (checked): the product of the narrow fields, times
+                # the format's elements per row.
                 rows = load.rows[:ceil_log2(k_rows + 1)]
                 cols = load.cols[:ceil_log2(m_cols + 1)]
-                m.d.sync += [loaded.eq(1), load_pending.eq(1), tile_macs.eq(rows * cols),
+                m.d.sync += [loaded.eq(1), load_pending.eq(1),
+                             tile_macs.eq((rows * cols) << load_rate),
                              tile_rows.eq(rows), tile_cols.eq(cols),
                              tile_format.eq(load.format)]
             with m.Else():
@@ -539,7 +569,7 @@ class TensorUnit(wiring.Component):
             statements = [reader.take.eq(path.take & path.job.mx),
                           reader.finish.eq(path.finish & path.job.mx)]
             for block in range(blocks):
-                used = path.job.mx & path.in_data & (block * numerics.MX_BLOCK < path.job.rows)
+                used = path.job.mx & path.in_data & (block * block_rows < path.job.rows)
                 statements.append(payload.scale[block].eq(
                     Mux(used, reader.column[block], numerics.E8M0_BIAS)))
             return ~path.job.mx | reader.word_ready, statements

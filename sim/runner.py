@@ -15,9 +15,11 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -36,6 +38,13 @@ SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
 VERILATOR_MIN = (5, 36)
 _DUMP_MODULE = "opentrn_vcd_dump"
+#: Arrays of at least this many processing elements are built by Verilator hierarchically:
+#: a block of the array (:func:`hier_block_pes`) is verilated once, as a library of its own.
+#: Verilator otherwise verilates every instance of every module: 5.3 GB and minutes for the
+#: 32x32 trn3 array, far beyond this machine's memory at 128x128 (docs/performance.md).
+HIERARCHICAL_PES = 256
+#: Seconds between the progress reports of a running simulator build.
+_BUILD_REPORT_SECONDS = 20
 
 
 class SimulatorMissing(RuntimeError):
@@ -135,11 +144,14 @@ def cache_root():
     return Path(os.environ.get("OPENTRN_CACHE", Path.home() / ".cache" / "opentrn"))
 
 
-def verilog_source(config, top="tensor_engine"):
-    """The Verilog text of ``top`` sized by ``config``."""
-    from amaranth.back import verilog
+def verilog_source(config, top="tensor_engine", *, progress=None):
+    """The Verilog text of ``top`` sized by ``config``: one module per distinct block
+    (:mod:`opentrn.hdl.hierarchy`). ``progress`` (a callable taking a string) hears about
+    each step."""
+    from opentrn.hdl import hierarchy
     component = hdl.toplevel(top, config)
-    return verilog.convert(component, name=top, ports=hdl.ports(component))
+    return hierarchy.convert(component, name=top, ports=hdl.ports(component),
+                             progress=progress)
 
 
 @contextmanager
@@ -161,6 +173,19 @@ class _PyPIVerilator(Verilator):
 
     #: Prebuilt run-time objects to link instead of compiling them (see _verilator_runtime).
     runtime_objects = ()
+    #: Whether every signal is public to VPI (cocotb's default, ``--public-flat-rw``). A
+    #: hierarchical build leaves it off: its testbench reads the top's ports only, which
+    #: ``--public-depth 1`` keeps, and the symbol tables of every signal of every
+    #: instance were most of its C++.
+    public_flat = True
+
+    def _build_command(self):
+        commands = super()._build_command()
+        if not self.public_flat:
+            verilate = commands[0]
+            at = verilate.index("--public-flat-rw")
+            verilate[at:at + 1] = ["--public-depth", "1"]
+        return commands
 
     def _set_env_build(self):
         super()._set_env_build()
@@ -228,7 +253,8 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
     reason = available(sim)
     if reason is not None:
         raise SimulatorMissing(reason)
-    recipe = _hardware_digest() + (verilator_optimization() if sim == "verilator" else "")
+    recipe = _hardware_digest() + (f"{verilator_optimization()}-h{hier_block_pes()}"
+                                   if sim == "verilator" else "")
     build_dir = cache_root() / sim / f"{top}-{config.digest()}-{recipe}"
     stamp = build_dir / "built.json"
     with _locked(build_dir.with_suffix(".lock")):
@@ -239,7 +265,7 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
         _say(progress, f"generating Verilog for {top} ({config.pe_rows}x{config.pe_cols})")
         started = time.monotonic()
         verilog_file = build_dir / f"{top}.v"
-        verilog_file.write_text(verilog_source(config, top))
+        verilog_file.write_text(verilog_source(config, top, progress=progress))
         generated = time.monotonic()
         sources = [verilog_file]
         build_args = []
@@ -260,16 +286,27 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
             build_args = ["-s", _DUMP_MODULE, "-g2005"]
         else:
             build_args = ["-Wno-fatal"]
-        _say(progress, f"building the {sim} model")
+        hierarchical = sim == "verilator" and top in ("tensor_engine", "core") and \
+            config.pe_rows * config.pe_cols >= HIERARCHICAL_PES
+        if hierarchical:
+            verilog_file.write_text(_mark_hier_blocks(verilog_file.read_text(), top))
+            build_args.append("--hierarchical")
+        _say(progress, f"building the {sim} model"
+             + (f" (hierarchically: blocks of up to {hier_block_pes()} processing elements)"
+                if hierarchical else ""))
         runner = _make_runner(sim)
+        runner.public_flat = not hierarchical
         if sim == "verilator" and _verilator_runtime().exists():
             runner.runtime_objects = tuple(_verilator_runtime() / name
                                            for name in _RUNTIME_OBJECTS)
         log = build_dir / "build.log"
         try:
-            runner.build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
-                         build_args=build_args, timescale=TIMESCALE,
-                         waves=(sim == "verilator"), log_file=log)
+            with _reporting(progress, f"building the {sim} model", log):
+                # A hierarchical build has no waves: its blocks' insides are not traced,
+                # and the trace code of the rest would double its C++.
+                runner.build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
+                             build_args=build_args, timescale=TIMESCALE,
+                             waves=(sim == "verilator" and not hierarchical), log_file=log)
         except (RuntimeError, SystemExit) as exc:
             tail = log.read_text()[-3000:] if log.exists() else ""
             raise RuntimeError(f"{sim} build of {top} failed ({exc}); log {log}:\n{tail}"
@@ -278,26 +315,152 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
             _keep_verilator_runtime(build_dir)
         stamp.write_text(json.dumps({
             "config": config.to_dict(), "top": top, "sim": sim,
+            "hierarchical": hier_block_pes() if hierarchical else None,
             "verilog_seconds": generated - started,
             "build_seconds": time.monotonic() - generated,
         }, indent=1))
     return build_dir
 
 
-def lint(verilog_file, top):
+def hier_block_pes():
+    """The processing elements of one Verilator hierarchical block:
+    ``$OPENTRN_HIER_BLOCK_PES``, default 64, an 8x8 block (docs/performance.md, "A
+    Trainium-size array in simulation"): the rest of the array's wiring is then verilated
+    whole, which simulates faster than a block per PE; a block per PE builds fastest."""
+    text = os.environ.get("OPENTRN_HIER_BLOCK_PES", "64")
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"OPENTRN_HIER_BLOCK_PES={text}: must be a whole number of processing "
+                         "elements, at least 1")
+    return int(text)
+
+
+def _mark_hier_blocks(text, top):
+    """The Verilog with the array blocks of :func:`hier_block_pes` processing elements (the
+    largest block that size or smaller) marked as Verilator hierarchical blocks: verilated
+    once each, as libraries the rest of the design instantiates. The mark is a metacomment,
+    a plain comment to other tools."""
+    modules = verilog_modules(text)
+    instance = re.compile(r"^\s*\\?(\S+) \S+ \(", re.M)
+    children = {name: [match.group(1) for match in instance.finditer(body)
+                       if match.group(1) in modules] for name, body in modules.items()}
+    pe = re.compile(rf"{re.escape(top)}_processing_element_[0-9a-f]{{8}}")
+    array = re.compile(rf"{re.escape(top)}_processing_element_array_[0-9a-f]{{8}}")
+    counts = {}
+
+    def pes(name):
+        if name not in counts:
+            counts[name] = 1 if pe.fullmatch(name) else sum(map(pes, children[name]))
+        return counts[name]
+
+    blocks = [name for name in modules if pe.fullmatch(name) or array.fullmatch(name)]
+    size = max((pes(name) for name in blocks if pes(name) <= hier_block_pes()), default=None)
+    if size is None:
+        raise RuntimeError(f"{top}: no processing element module to build hierarchically")
+    marked = text
+    for name in blocks:
+        if pes(name) == size:
+            marked = re.sub(rf"^(module {re.escape(name)}\(.*\);)$",
+                            r"\1\n  /*verilator hier_block*/", marked, count=1, flags=re.M)
+    return marked
+
+
+@contextmanager
+def _reporting(progress, what, log):
+    """While the body runs, tell ``progress`` every few seconds how long it has taken and
+    the last line of ``log``."""
+    if progress is None:
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def report():
+        while not done.wait(_BUILD_REPORT_SECONDS):
+            last = ""
+            with suppress(OSError):
+                # The last command or message, not a compiler's source excerpt.
+                lines = [line for line in log.read_text(errors="replace").splitlines()
+                         if line[:1].isalpha()]
+                last = lines[-1][:100] if lines else ""
+            progress(f"{what}: {time.monotonic() - started:.0f} s" + (f" ({last})" if last else ""))
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+#: The flags of every lint (see :func:`lint`).
+LINT_FLAGS = ("--lint-only", "-Wno-WIDTH", "-Wno-CASEINCOMPLETE")
+
+#: One module of Yosys's Verilog: its name (escaped or plain) and its text.
+_MODULE = re.compile(r"^module (\\\S+ |[^\s(]+)\s*\(.*?^endmodule\n", re.M | re.S)
+#: A port declaration of a module body (``input [7:0] x_in;``).
+_PORT_DECLARATION = re.compile(r"^\s*(?:input|output|inout)\b[^;]*;\n", re.M)
+
+
+def verilog_modules(text):
+    """``{module name: its text}`` of a Verilog file as Yosys writes it."""
+    return {match.group(1).strip(): match.group(0) for match in _MODULE.finditer(text)}
+
+
+def _stub(module_text):
+    """The module with its ports and no logic: what a parent's lint needs of a child."""
+    header = module_text[:module_text.index(";\n") + 2]
+    return header + "".join(_PORT_DECLARATION.findall(module_text)) + "endmodule\n"
+
+
+def lint(verilog_file, top, *, per_module=False, progress=None):
     """Run ``verilator --lint-only`` on a Verilog file; return ``(ok, output)``.
 
     Two warnings are off, both about constructs that Yosys writes and Verilog defines
     exactly: ``WIDTH`` (operands of mixed widths, ``$signed(a) + $signed(b)`` with ``b``
     narrower) and ``CASEINCOMPLETE`` (a ``casez`` on an FSM state without a default, where
     the other states need no assignment). Every other default warning counts as a failure.
+
+    ``per_module``: lint each module of the file on its own, with the same flags, its
+    children as stubs with their real port declarations (so every module's logic and every
+    connection to a child's ports is checked once). Verilator lints a whole design instance
+    by instance: the 32x32 trn3 tensor engine takes 239 s and 5.3 GB, and its time and
+    memory grow with the number of processing elements, so the 128x128 array (16 times as
+    many) does not fit in this machine's 24 GiB (docs/performance.md, "Verilog generation").
     """
     reason = available("verilator")
     if reason is not None:
         raise SimulatorMissing(reason)
+    verilog_file = Path(verilog_file)
+    if not per_module:
+        return _lint_one(verilog_file, top)
+    modules = verilog_modules(verilog_file.read_text())
+    if top not in modules:
+        raise ValueError(f"{verilog_file} has no module {top}")
+    # The units: the modules with plain names (the top and the shared blocks), each with
+    # its own submodules (escaped names, "\\parent.child") in full.
+    units = {name: [text] for name, text in modules.items() if not name.startswith("\\")}
+    for name, text in modules.items():
+        if name.startswith("\\"):
+            units[max((unit for unit in units if name.startswith(f"\\{unit}.")),
+                      key=len)].append(text)
+    outputs, ok = [], True
+    with tempfile.TemporaryDirectory() as folder:
+        for index, (name, texts) in enumerate(units.items()):
+            _say(progress, f"lint {index + 1}/{len(units)}: {name}")
+            unit = Path(folder) / f"unit{index}.v"
+            unit.write_text("".join(texts) + "".join(
+                _stub(modules[other]) for other in units if other != name))
+            unit_ok, output = _lint_one(unit, name)
+            ok &= unit_ok
+            if not unit_ok:
+                outputs.append(f"{name}:\n{output}")
+    return ok, "".join(outputs)
+
+
+def _lint_one(verilog_file, top):
     completed = subprocess.run(
-        ["verilator", "--lint-only", "-Wno-WIDTH", "-Wno-CASEINCOMPLETE", "--top-module", top,
-         str(verilog_file)],
+        ["verilator", *LINT_FLAGS, "--top-module", top, str(verilog_file)],
         capture_output=True, text=True, check=False)
     output = completed.stdout + completed.stderr
     return completed.returncode == 0 and "%Error" not in output \
@@ -336,6 +499,10 @@ def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None
     ``SimResult.reports``. ``vcd`` names a VCD file to write.
     """
     build_dir = build(config, top, sim, progress=progress)
+    if vcd is not None and build_info(build_dir).get("hierarchical"):
+        raise ValueError(f"vcd={vcd}: a Verilator build of {config.pe_rows}x{config.pe_cols} "
+                         f"PEs (at least {HIERARCHICAL_PES}) is hierarchical and has no waves; "
+                         "use Icarus (sim='icarus') for waves of an array this size")
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{top}-", dir=build_dir))
     report = run_dir / "report.json"
     log = run_dir / "sim.log"

@@ -22,6 +22,11 @@ Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables
 ``OPENTRN_REPORT``  a JSON file the tests append their statistics to;
 ``OPENTRN_N``, ``OPENTRN_FRESH``, ``OPENTRN_MATMULS``  the stream of ``test_back_to_back``
 (default: 24 matmuls of N = K + M, each with a fresh tile).
+
+A format with ``r`` multiply-accumulates per PE per cycle (``Config.pe_macs_per_cycle``)
+contracts ``r x pe_rows`` elements per matmul: the programs give every matmul ``K``
+(:func:`~opentrn.golden.tensor_engine.contraction`) rows of its format, and the bench packs
+them into the array's rows (:func:`~opentrn.golden.tensor_engine.pack`).
 """
 
 import dataclasses
@@ -49,15 +54,30 @@ def _settings():
 # -- workloads --------------------------------------------------------------------------------
 
 def _int_range(config):
-    """The int8 range (whatever ``in_bits``: the integer path reads the low byte)."""
+    """The int8 range (whatever ``in_bits``: the integer path reads its bytes)."""
     return -128, 127
 
 
+def base_format(config):
+    """The format of the workloads that are about timing (random, back to back): int8 when
+    the build has it, else its first format."""
+    return "int8" if "int8" in config.dtypes else config.dtypes[0]
+
+
+def _values(config, rng, fmt, shape):
+    """Random elements of ``fmt``: int8 values, or float codes (:func:`float_codes`)."""
+    if fmt == "int8":
+        lo, hi = _int_range(config)
+        return rng.integers(lo, hi + 1, shape)
+    return float_codes(rng, fmt, shape)
+
+
 def directed_program(config, rng):
-    """Extremes: zeros, all -128, all 127, mixed-sign maxima (K*127*127 and K*-128*-128
-    sums, which wrap when acc_bits is small), identity, N = 1 and N = moving_max, a reused
-    tile and a tile with zero columns."""
-    k_rows, m_cols, n_max = config.pe_rows, config.pe_cols, config.moving_max
+    """int8 extremes (a build with int8 only): zeros, all -128, all 127, mixed-sign maxima
+    (K*127*127 and K*-128*-128 sums, which wrap when acc_bits is small), identity, N = 1 and
+    N = moving_max, a reused tile and a tile with zero columns."""
+    k_rows, m_cols, n_max = golden.contraction(config, "int8"), config.pe_cols, \
+        config.moving_max
     lo, hi = _int_range(config)
     full = lambda value, n: np.full((k_rows, n), value, dtype=np.int64)  # noqa: E731
     tile = lambda value: np.full((k_rows, m_cols), value, dtype=np.int64)  # noqa: E731
@@ -80,15 +100,18 @@ def directed_program(config, rng):
 
 
 def random_program(config, rng, count):
-    """``count`` matmuls: N uniform in 1..moving_max with extra weight on 1 and moving_max,
-    a fresh tile 60% of the time, values uniform or, one case in ten, all at one extreme."""
-    k_rows, m_cols, n_max = config.pe_rows, config.pe_cols, config.moving_max
+    """``count`` matmuls in :func:`base_format`: N uniform in 1..moving_max with extra
+    weight on 1 and moving_max, a fresh tile 60% of the time, values uniform or, one case in
+    ten, all at one extreme (int8; float: :func:`float_codes`)."""
+    fmt = base_format(config)
+    k_rows, m_cols, n_max = golden.contraction(config, fmt), config.pe_cols, \
+        config.moving_max
     lo, hi = _int_range(config)
 
     def values(shape):
-        if rng.random() < 0.1:
+        if fmt == "int8" and rng.random() < 0.1:
             return np.full(shape, rng.choice([lo, hi]), dtype=np.int64)
-        return rng.integers(lo, hi + 1, shape)
+        return _values(config, rng, fmt, shape)
 
     program = []
     for i in range(count):
@@ -96,19 +119,50 @@ def random_program(config, rng, count):
         n = 1 if roll < 0.15 else n_max if roll < 0.3 else int(rng.integers(1, n_max + 1))
         fresh = i == 0 or rng.random() < 0.6
         program.append(golden.Matmul(values((k_rows, n)),
-                                     values((k_rows, m_cols)) if fresh else None))
+                                     values((k_rows, m_cols)) if fresh else None, fmt))
     return program
 
 
-def uniform_program(config, rng, count, n, fresh):
-    """``count`` matmuls of ``n`` vectors each, every one with a fresh tile or all reusing
-    the first."""
-    k_rows, m_cols = config.pe_rows, config.pe_cols
-    lo, hi = _int_range(config)
-    return [golden.Matmul(rng.integers(lo, hi + 1, (k_rows, n)),
-                          rng.integers(lo, hi + 1, (k_rows, m_cols)) if fresh or i == 0
-                          else None)
+def uniform_program(config, rng, count, n, fresh, fmt=None):
+    """``count`` matmuls of ``n`` vectors each in ``fmt`` (default :func:`base_format`),
+    every one with a fresh tile or all reusing the first."""
+    fmt = fmt or base_format(config)
+    k_rows, m_cols = golden.contraction(config, fmt), config.pe_cols
+    return [golden.Matmul(_values(config, rng, fmt, (k_rows, n)),
+                          _values(config, rng, fmt, (k_rows, m_cols)) if fresh or i == 0
+                          else None, fmt)
             for i in range(count)]
+
+
+def full_program(config, rng):
+    """Per format of the build, a full-size matmul with a fresh tile (``K`` =
+    :func:`~opentrn.golden.tensor_engine.contraction`, ``M = pe_cols``,
+    ``N = moving_max``), then one reusing it: what a kernel at full scale does. Float
+    elements are finite values of moderate size and MX scales moderate (117..137), so that
+    with ``K`` in the hundreds the sums are numbers that round, not NaN or infinities."""
+    m_cols, n = config.pe_cols, config.moving_max
+    blocks = golden.mx_blocks(config)
+    program = []
+    for fmt in config.dtypes:
+        k_rows = golden.contraction(config, fmt)
+
+        def values(shape, fmt=fmt):
+            if fmt == "int8":
+                return _values(config, rng, fmt, shape)
+            element = numerics.data_format(fmt).element
+            finite = rng.standard_normal(shape) * 2.0 ** rng.integers(-3, 4, shape)
+            return numerics.to_bits(finite.astype(np.float32), element).astype(np.int64)
+
+        scales = {}
+        if blocks:
+            scales = {"scale_moving": rng.integers(117, 138, (blocks, n)),
+                      "scale_stationary": rng.integers(117, 138, (blocks, m_cols))}
+        program.append(golden.Matmul(values((k_rows, n)), values((k_rows, m_cols)), fmt,
+                                     **scales))
+        if blocks:
+            scales = {"scale_moving": rng.integers(117, 138, (blocks, n))}
+        program.append(golden.Matmul(values((k_rows, n)), None, fmt, **scales))
+    return program
 
 
 def float_codes(rng, fmt, shape):
@@ -134,7 +188,7 @@ def tie_program(config, fmt):
     finite). An MX format has stationary scales 130 and moving scales 124 (unscaled
     products)."""
     element = numerics.data_format(fmt).element
-    k_rows, m_cols = config.pe_rows, config.pe_cols
+    k_rows, m_cols = golden.contraction(config, fmt), config.pe_cols
     code = lambda value: int(numerics.to_bits(np.float32(value), element))  # noqa: E731
     tile = np.zeros((k_rows, m_cols), dtype=np.int64)
     moving = np.zeros((k_rows, 2), dtype=np.int64)
@@ -163,7 +217,7 @@ def float_program(config, rng, count):
     codes of :func:`float_codes`, one tile in ten all of one edge value (scales: see
     :func:`with_scales`)."""
     floats = numerics.float_formats(config)
-    k_rows, m_cols, n_max = config.pe_rows, config.pe_cols, config.moving_max
+    m_cols, n_max = config.pe_cols, config.moving_max
     program = [op for fmt in floats for op in tie_program(config, fmt)]
     fmt = None
     for i in range(count):
@@ -173,6 +227,7 @@ def float_program(config, rng, count):
         tile = None
         if fresh:
             fmt = str(rng.choice(floats))
+            k_rows = golden.contraction(config, fmt)
             tile = float_codes(rng, fmt, (k_rows, m_cols))
             if rng.random() < 0.1:
                 edge = special_codes(numerics.data_format(fmt).element)
@@ -187,19 +242,17 @@ def mixed_program(config, rng, count):
     random format) one time in five, else the tile in use, whatever format it was loaded
     as (its raw bits meet the vectors' format: legal in the array, refused by the tensor
     unit)."""
-    k_rows, m_cols = config.pe_rows, config.pe_cols
-    lo, hi = _int_range(config)
+    m_cols = config.pe_cols
 
     def values(fmt, shape):
-        if fmt == "int8":
-            return rng.integers(lo, hi + 1, shape)
-        if rng.random() < 0.1:
+        if fmt != "int8" and rng.random() < 0.1:
             return np.zeros(shape, dtype=np.int64)    # +0 codes: a zero result
-        return float_codes(rng, fmt, shape)
+        return _values(config, rng, fmt, shape)
 
     program = []
     for i in range(count):
         fmt = str(rng.choice(config.dtypes))
+        k_rows = golden.contraction(config, fmt)
         tile = values(fmt, (k_rows, m_cols)) if i == 0 or rng.random() < 0.2 else None
         program.append(golden.Matmul(values(fmt, (k_rows, int(rng.integers(1, 4)))), tile,
                                      fmt))
@@ -252,9 +305,10 @@ def block_program(config, rng):
       meeting the int8 tile's raw bits (no NaN code among them) and stored scales;
     * a fresh tile of random finite values, eight vectors, moderate scales and edge ones
     (a short program: a 64-row build is slow to simulate)."""
-    k_rows, m_cols, n = config.pe_rows, config.pe_cols, min(config.moving_max, 8)
-    blocks = golden.mx_blocks(config)
     fmt = next(f.name for f in numerics.matmul_formats(config) if f.mx)
+    k_rows, m_cols, n = golden.contraction(config, fmt), config.pe_cols, \
+        min(config.moving_max, 8)
+    blocks = golden.mx_blocks(config)
     element = numerics.data_format(fmt).element
     one = int(numerics.to_bits(np.float32(1.0), element))
     block_of = np.arange(k_rows) // numerics.MX_BLOCK
@@ -279,13 +333,21 @@ def block_program(config, rng):
                 np.where(block_of == 0, one, 0)]
     scales += [moderate(1)[:, 0], np.array([127] * (blocks - 1) + [255]),
                np.array([0] + [254] * (blocks - 1))]
-    int8_tile = rng.integers(-128, 127, (k_rows, m_cols))      # not 0x7F ...
-    int8_tile[int8_tile == -1] = 1                              # ... nor 0xFF: NaN in E4M3
+    # int8 where the build has it, else the other FP8 format: raw bits the MX vectors meet.
+    other = "int8" if "int8" in config.dtypes else \
+        {"mxfp8e4m3": "fp8e5m2", "mxfp8e5m2": "fp8e4m3"}[fmt]
+    k_other = golden.contraction(config, other)
+    other_tile = rng.integers(-128, 127, (k_other, m_cols))    # not 0x7F ...
+    other_tile[other_tile == -1] = 1                            # ... nor 0xFF: NaN in E4M3
+    other_vectors = rng.integers(-128, 128, (k_other, 3))
+    if other != "int8":
+        other_tile &= 0x7E                          # positive finite codes, no 0x7F NaN
+        other_vectors &= 0xFF
     return [
         golden.Matmul(np.stack(vectors, axis=1), tile, fmt,
                       scale_moving=np.stack(scales, axis=1), scale_stationary=tile_scales),
         golden.Matmul(finite((k_rows, 6)), None, fmt, scale_moving=moderate(6)),
-        golden.Matmul(rng.integers(-128, 128, (k_rows, 3)), int8_tile, "int8",
+        golden.Matmul(other_vectors, other_tile, other,
                       scale_moving=rng.choice(EDGE_SCALES, (blocks, 3)),
                       scale_stationary=moderate(m_cols)),
         golden.Matmul(finite((k_rows, 3)), None, fmt, scale_moving=moderate(3)),
@@ -366,14 +428,14 @@ class TensorEngineBench:
         for op, out in zip(program, outs, strict=True):
             if op.stationary is not None:
                 # Raw bits in the weight registers, whatever format the vectors have.
-                tile = golden.element_bits(op.stationary, op.format)
+                tile = golden.pack(config, op.stationary, op.format)
                 for m in range(config.pe_cols):
                     beat = {"data": [int(v) for v in tile[:, m]]}
                     if mx:
                         beat["scale"] = [int(v) for v in op.scale_stationary[:, m]]
                     self.stationary.send(beat)
                 tile_scales = op.scale_stationary
-            moving = golden.element_bits(op.moving, op.format)
+            moving = golden.pack(config, op.moving, op.format)
             fmt = numerics.data_format(op.format)
             if op.format != "int8":
                 self.float_results.append(out.ravel())
@@ -436,7 +498,7 @@ class TensorEngineBench:
         # steady-state utilization, without the first load and the final drain.
         accepted = [cycle for cycle, _ in self.moving.accepted]
         idle = sum(b - a - 1 for a, b in pairwise(accepted))
-        macs = sum(self.config.pe_rows * self.config.pe_cols * op.moving.shape[1]
+        macs = sum(op.moving.shape[0] * self.config.pe_cols * op.moving.shape[1]
                    for op in program)
         stats = {
             "cases": len(program), "beats": len(expected), "mismatches": mismatches,
@@ -477,8 +539,20 @@ async def _run_test(dut, name, program_of, *, gaps=0.0, backpressure=0.0, check_
 
 @cocotb.test()
 async def test_extremes(dut):
-    """Directed extremes, always ready: bit-exact and cycle-exact."""
+    """Directed int8 extremes, always ready: bit-exact and cycle-exact. Only on a build with
+    int8 (the float tests have the float formats' edge values)."""
+    config, _, _ = _settings()
+    if "int8" not in config.dtypes:
+        return
     await _run_test(dut, "extremes", lambda config, rng, cases: directed_program(config, rng),
+                    check_cycles=True)
+
+
+@cocotb.test()
+async def test_full_matmuls(dut):
+    """Full-size matmuls in every format of the build (:func:`full_program`: a fresh tile,
+    then the tile reused), always ready: bit-exact and cycle-exact."""
+    await _run_test(dut, "full_matmuls", lambda config, rng, cases: full_program(config, rng),
                     check_cycles=True)
 
 

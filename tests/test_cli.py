@@ -42,17 +42,23 @@ def test_config_file_and_overrides(tmp_path, capsys):
     (["run", "gemm", "--set", "pe_rows=8", "--sim", "icarus"],
      "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
     (["demo", "--preset", "trn3", "--sim", "icarus"],
-     "opentrn demo: error: dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: must include int8 "
-     "(the hardware's integer path is always built) (try --set "
-     "dtypes=int8,bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2)"),
-    (["verilog", "--top", "core", "--set", "dma_bus_bytes=64"],
-     "opentrn verilog: error: dma_bus_bytes=64: the core's instruction fetch needs a bus of "
-     "at most 32 bytes"),
+     "opentrn demo: error: sbuf_partitions=128, dma_bus_bytes=64: the SBUF's vector write (a "
+     "64-byte word and its byte strobes in each of 128 partitions) is 73,740 bits, wider than "
+     "the 65,536 bits of a Verilog vector Amaranth can write (about 9 x sbuf_partitions x "
+     "dma_bus_bytes bits must fit); the tensor engine builds at any size"),
+    (["demo", "--preset", "trn3", "--set", "pe_rows=16", "--set", "pe_cols=16", "--set",
+      "sbuf_partitions=16", "--sim", "icarus"],
+     "opentrn demo: error: --dtype=int8: not among this build's formats, "
+     "dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2 (add it with --set dtypes=...)"),
+    (["verilog", "--top", "core", "--set", "pe_macs_per_cycle=bf16:8"],
+     "opentrn verilog: error: pe_macs_per_cycle=bf16:8: a column of bf16 is 8 x 2 = 16 bytes, "
+     "more than one SBUF word (dma_bus_bytes=8): the hardware reads a column from one word"),
     (["verilog", "--top", "core", "--set", "pe_cols=8"],
      "opentrn verilog: error: pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
-    (["verilog", "--preset", "trn2", "--top", "dma"],
-     "opentrn verilog: error: dtypes=bf16,fp8e4m3,fp8e5m2: must include int8 (the hardware's "
-     "integer path is always built) (try --set dtypes=int8,bf16,fp8e4m3,fp8e5m2)"),
+    (["verilog", "--preset", "trn3", "--top", "dma", "--set",
+      "pe_macs_per_cycle=mxfp8e4m3:4,mxfp8e5m2:2"],
+     "opentrn verilog: error: pe_macs_per_cycle=mxfp8e4m3:4,mxfp8e5m2:2: the MX formats must "
+     "have one rate in the hardware (not mxfp8e4m3:4, mxfp8e5m2:2)"),
     (["run", "gemm", "--preset", "small", "--dtype", "bf16", "--sim", "icarus"],
      "opentrn run: error: --dtype=bf16: not among this build's formats, dtypes=int8 (add it "
      "with --set dtypes=...)"),
@@ -247,13 +253,6 @@ def test_project_transformer_scaling_and_scalesim(capsys):
     (["--preset", "trn3", "--peaks", "--compare-rtl"], "--compare-rtl: needs --gemm M,K,N"),
     (["--preset", "trn3", "--transformer", "64,64,2,8,1", "--compare-scalesim"],
      "--compare-scalesim: needs --gemm M,K,N"),
-    (["--preset", "trn3", "--gemm", "8,8,8", "--compare-rtl", "--sim", "icarus"],
-     "dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2: must include int8"),
-    (["--preset", "trn3", "--set", "dtypes=int8,bf16,mxfp8e4m3,mxfp8e5m2", "--gemm", "8,8,8",
-      "--compare-rtl", "--sim", "icarus"],
-     "pe_macs_per_cycle=('mxfp8e4m3:4', 'mxfp8e5m2:4'): the hardware does one MAC per PE per "
-     "cycle in every format; rates above 1 are for projections only (try --set "
-     "pe_macs_per_cycle=)"),
 ])
 def test_project_errors(argv, message, capsys):
     assert main(["project", *argv]) == 2

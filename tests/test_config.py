@@ -248,14 +248,20 @@ def test_pe_macs_per_cycle_round_trips_through_set_toml_and_json(tmp_path):
     assert config.resolve("trn3", overrides=["pe_macs_per_cycle="]).pe_macs_per_cycle == ()
 
 
-def test_the_hardware_refuses_mac_rates_above_one():
+def test_the_hardware_builds_mac_rates_above_one():
+    """Every preset builds, its MAC rates included (a PE does ``r`` MACs per cycle on ``r``
+    consecutive elements of K); what the hardware cannot build is refused by name."""
     from opentrn.hdl import check
+    for name in config.PRESETS:
+        check("tensor_engine", config.preset(name))
+        if name not in ("trn2", "trn3"):    # their SBUF: tests/test_verilog.py
+            check("core", config.preset(name))
+    check("core", config.resolve("trn3", overrides=["pe_rows=64", "pe_cols=64",
+                                                    "sbuf_partitions=64"]))
     cfg = config.resolve("tiny", overrides=["pe_macs_per_cycle=fp8e4m3:2"])
-    for top in ("core", "tensor_engine"):
-        with pytest.raises(ConfigError) as info:
-            check(top, cfg)
-        assert str(info.value) == (
-            "pe_macs_per_cycle=('fp8e4m3:2',): the hardware does one MAC per PE per cycle in "
-            "every format; rates above 1 are for projections only (try --set "
-            "pe_macs_per_cycle=)")
-    check("core", cfg.replace(pe_macs_per_cycle=()))
+    assert cfg.in_bits == 16 and check("core", cfg) is None
+    with pytest.raises(ConfigError) as info:
+        check("core", cfg.replace(pe_macs_per_cycle=("bf16:8",)))
+    assert str(info.value) == (
+        "pe_macs_per_cycle=bf16:8: a column of bf16 is 8 x 2 = 16 bytes, more than one SBUF "
+        "word (dma_bus_bytes=8): the hardware reads a column from one word")

@@ -358,7 +358,12 @@ def test_mx_blocks():
     assert golden.mx_blocks(TINY_MX) == 1
     assert golden.mx_blocks(MX64) == 2
     assert golden.mx_blocks(MX64.replace(pe_rows=128, sbuf_partitions=128)) == 4
-    assert golden.mx_blocks(config.preset("trn3")) == 4          # 128 rows
+    # Trainium3: 128 rows of 4 MXFP8 elements each, K = 512: 16 blocks of 8 partitions x 4
+    # elements (nki.isa.nc_matmul_mx).
+    trn3 = config.preset("trn3")
+    assert golden.mx_blocks(trn3) == 16 and numerics.mx_block_rows(trn3) == 8
+    assert golden.contraction(trn3, "mxfp8e4m3") == 512
+    assert golden.contraction(trn3, "bf16") == 128
 
 
 def test_matmul_bits_takes_mx_scales():

@@ -117,17 +117,21 @@ class RaceChecker:
         return start, start + 4 * n
 
     def _elements(self, fmt, rows, offset, count):
-        """``count`` elements of ``fmt`` at ``offset`` of partitions ``0..rows-1``."""
-        size = fmt.bytes
-        codes = self.sbuf[:rows, offset:offset + count * size].copy()
-        return codes.view(FORMAT_DTYPES[fmt.element.name])
+        """``count`` columns of ``fmt`` at ``offset`` of partitions ``0..rows-1``, in K order:
+        ``[rows * r, count]``, element ``p * r + j`` the ``j``-th of partition ``p``'s column
+        (``r`` elements of K per column, ``Config.pe_macs_per_cycle``)."""
+        rate = self.cfg.macs_per_pe_cycle(fmt.name)
+        dtype = FORMAT_DTYPES[fmt.element.name] if fmt.element is not None else np.int8
+        codes = self.sbuf[:rows, offset:offset + count * rate * fmt.bytes].copy()
+        values = codes.view(dtype).reshape(rows, count, rate)
+        return values.transpose(0, 2, 1).reshape(rows * rate, count)
 
     def _scales(self, fmt, rows, f, count):
         """An MX instruction's scales: ``[ceil(rows / 32), count]`` bytes from
         ``scale_offset`` of partitions ``0 ..``; ``None`` for the other formats."""
         if not fmt.mx:
             return None
-        blocks = -(-rows // numerics.MX_BLOCK)
+        blocks = -(-(rows * self.cfg.macs_per_pe_cycle(fmt.name)) // numerics.MX_BLOCK)
         return self.sbuf[:blocks, f["scale_offset"]:f["scale_offset"] + count].copy()
 
     def _matmul_float(self, f, fmt):
@@ -137,8 +141,8 @@ class RaceChecker:
         moving = self._elements(fmt, rows, f["sbuf_offset"], n)
         block_scales = None if scales is None else (scales, self._scales(fmt, rows, f, n))
         out = np.zeros((cfg.pe_cols, n), np.float32)
-        out[:values.shape[1]] = kernels.reference_matmul_float(values, moving, kt_rows=rows,
-                                                               block_scales=block_scales)
+        out[:values.shape[1]] = kernels.reference_matmul_float(
+            values, moving, kt_rows=len(values), block_scales=block_scales)
         b0, b1 = self._psum_entries(f["psum_bank"], f["psum_entry"], n)
 
         def write():
@@ -155,7 +159,7 @@ class RaceChecker:
         if fmt.element is not None:
             return self._matmul_float(f, fmt)
         n, offset = f["n"], f["sbuf_offset"]
-        moving = self.sbuf[:cfg.pe_rows, offset:offset + n].view(np.int8).astype(np.int64)
+        moving = self._elements(fmt, cfg.pe_rows, offset, n).astype(np.int64)
         out = self.stationary.T @ moving
         b0, b1 = self._psum_entries(f["psum_bank"], f["psum_entry"], n)
 
@@ -218,8 +222,9 @@ class RaceChecker:
                 self.stationary = (self._elements(fmt, rows, offset, cols),
                                    self._scales(fmt, rows, f, cols), rows)
                 return lambda: None
-            tile = np.zeros((cfg.pe_rows, cfg.pe_cols), np.int64)
-            tile[:rows, :cols] = self.sbuf[:rows, offset:offset + cols].view(np.int8)
+            rate = cfg.macs_per_pe_cycle(fmt.name)
+            tile = np.zeros((cfg.pe_rows * rate, cfg.pe_cols), np.int64)
+            tile[:rows * rate, :cols] = self._elements(fmt, rows, offset, cols)
             self.stationary = tile
         elif opcode == isa.Opcode.MATMUL:
             return self._matmul(f)
@@ -522,10 +527,13 @@ MX_FORMATS = ("mxfp8e4m3", "mxfp8e5m2")
 
 
 def _mx_config(base):
-    """``base`` with the MX formats (and int8, which every hardware build has)."""
+    """``base`` with the MX formats and int8, every format at one MAC per PE per cycle (one
+    element of K per partition: 32 rows per block; the packed formats of ``trn3`` itself
+    are tested below, "Several MACs per cycle")."""
     cfg = config.preset(base)
     dtypes = tuple(dict.fromkeys(("int8", *cfg.dtypes, *MX_FORMATS)))
-    return cfg.replace(dtypes=dtypes, hbm_bytes=min(cfg.hbm_bytes, 1 << 24))
+    return cfg.replace(dtypes=dtypes, hbm_bytes=min(cfg.hbm_bytes, 1 << 24),
+                       pe_macs_per_cycle=())
 
 
 def _mx_reference(a, b, sa, sb, kt_rows=None):
@@ -603,7 +611,7 @@ def test_mx_kernel_errors():
     with pytest.raises(KernelError, match=r"scales=None: are required for mxfp8e4m3"):
         k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3")
     with pytest.raises(KernelError, match=r"must be partitions 0..0 \(one per block of 32 "
-                                          r"rows\) x 4 bytes"):
+                                          r"elements of K: 32 rows\) x 4 bytes"):
         k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3", scales=scales[:, 0:3])
     with pytest.raises(KernelError, match=r"are for the MX formats, not fp8e4m3"):
         k.load_stationary(tile[:, 0:4], dtype="fp8e4m3", scales=scales[:, 0:4])
@@ -1122,3 +1130,118 @@ def test_kernel_errors():
     with pytest.raises(KernelError, match=r"w2.shape=\(4, 2\): must have 5 rows"):
         kernels.mlp(TINY, _int8(rng, 4, 3), _int8(rng, 4, 5), np.zeros(5, np.int32),
                     _int8(rng, 4, 2), np.zeros(2, np.int32), requant=((1, 0), (1, 0)))
+
+
+# -- several MACs per cycle (Config.pe_macs_per_cycle) --------------------------------------------
+
+def _trainium(name, **changes):
+    """A Trainium preset with the formats and MAC rates it publishes (trn3: MXFP8 4 per PE
+    per cycle, 16 blocks of 8 partitions x 4 elements; trn2: FP8 2), a 16 MiB HBM for the
+    golden machine's image, and ``changes``."""
+    return config.preset(name).replace(hbm_bytes=1 << 24, **changes)
+
+
+PACKED_GEMM_CASES = {   # (config, format, M, K, N)
+    # K = 600: a full K tile of 512 elements (128 rows x 4) and a partial one of 88 (22
+    # rows); 2 M tiles (a partial one).
+    "trn3-mx-130x600x9": (_trainium("trn3"), "mxfp8e4m3", 130, 600, 9),
+    "trn3-mx-3x13x4": (_trainium("trn3"), "mxfp8e5m2", 3, 13, 4),       # K not a multiple
+    # The trn3 preset scaled to 8 x 8 with a 4 KiB SBUF: K cut into parts by the budget.
+    "trn3-8x8-mx-20x300x70": (_trainium("trn3", pe_rows=8, pe_cols=8, sbuf_partitions=8,
+                                        sbuf_bytes_per_partition=4096, moving_max=64,
+                                        psum_bank_entries=64, psum_banks=4),
+                              "mxfp8e4m3", 20, 300, 70),
+    "trn3-bf16-20x200x9": (_trainium("trn3"), "bf16", 20, 200, 9),       # one element per row
+    "trn2-fp8-9x301x17": (_trainium("trn2"), "fp8e4m3", 9, 301, 17),     # FP8 "double row"
+    "trn2-fp8-4x2x3": (_trainium("trn2", pe_rows=8, pe_cols=8, sbuf_partitions=8),
+                       "fp8e5m2", 4, 2, 3),
+}
+
+
+@pytest.mark.parametrize("case", PACKED_GEMM_CASES)
+def test_packed_gemm_is_bit_exact(case):
+    """A format of ``r`` MACs per PE per cycle takes ``r`` consecutive elements of K per
+    partition: the library GEMM packs its operands (``[ceil(K / r), cols * r]``), every K
+    tile is ``r x pe_rows`` elements, and the result equals the numpy reference in the
+    hardware's order (per K tile of ``r x pe_rows`` elements) and, for MX, a plain loop,
+    bit for bit. The ``macs`` counter counts ``rows x r x cols`` per vector."""
+    cfg, fmt, M, K, N = PACKED_GEMM_CASES[case]
+    rate = cfg.macs_per_pe_cycle(fmt)
+    rng = np.random.default_rng(M + K + N)
+    element = numerics.data_format(fmt).element.name
+    a_t = float_inputs(rng, (K, M), element, specials=False)
+    b = float_inputs(rng, (K, N), element, specials=False)
+    extra = {}
+    if numerics.data_format(fmt).mx:
+        sa, sb = _mx_scales(rng, K, M), _mx_scales(rng, K, N)
+        sa[-1, 0] = 255                   # E8M0 NaN in the last block: row 0 of C is NaN
+        extra = {"block_scales": (sa, sb)}
+    program, expected = kernels.gemm(cfg, a_t, b, **extra)
+    # The operands as the SBUF takes them: r rows of K side by side per column.
+    packed = program.read_inputs()["a_t"]
+    assert packed.shape == (-(-K // rate), M * rate)
+    assert same_bits(packed[0, :rate], a_t[:rate, 0]) if K >= rate else True
+    c = expected["c"]
+    if extra:
+        assert np.isnan(c[0]).all() and np.isfinite(c[1:]).mean() > 0.5
+        loop = _mx_reference(a_t[:, :3], b, sa[:, :3], sb, kt_rows=cfg.pe_rows * rate)
+        assert same_bits(c[:3], _canonical_out(loop))
+    else:
+        ref = kernels.reference_matmul_float(a_t, b, kt_rows=cfg.pe_rows * rate)
+        assert same_bits(c, kernels.reference_activation_float(ref, out="fp32"))
+    _check_golden(program, expected)
+    assert program.macs == M * (-(-K // rate) * rate) * N
+    if cfg.pe_rows <= 8:
+        _race_free(program, expected, seeds=2)
+
+
+def test_packed_columns_by_hand():
+    """The ISA's order of a packed column, without the library's packing: on trn2 (FP8 at
+    2 MACs per PE per cycle) byte ``2 c + j`` of partition ``p`` is element ``k = 2 p + j``
+    of column ``c``, and the sum runs over k in order; a column is 2 bytes, so views must
+    be whole columns."""
+    cfg = _trainium("trn2", pe_rows=8, pe_cols=8, sbuf_partitions=8)
+    rng = np.random.default_rng(3)
+    K, M, N = 6, 3, 2                                  # 3 partitions of 2 elements
+    a = float_inputs(rng, (K, M), "fp8e4m3", specials=False)
+    b = float_inputs(rng, (K, N), "fp8e4m3", specials=False)
+    k = Kernel(cfg, name="packed")
+    # Row p of the HBM tensors holds elements 2p and 2p + 1 of each column, side by side.
+    A = k.input("a", a.reshape(3, 2, M).transpose(0, 2, 1).reshape(3, 2 * M))
+    B = k.input("b", b.reshape(3, 2, N).transpose(0, 2, 1).reshape(3, 2 * N))
+    C = k.output("c", (M, N), np.float32)
+    ta, tb, tc, acc = k.sbuf(3, 2 * M), k.sbuf(3, 2 * N), k.sbuf(M, 4 * N), k.psum(N)
+    k.dma(ta, A)
+    k.dma(tb, B)
+    with pytest.raises(KernelError, match=r"view bytes=\(0, 5\): must be whole fp8e4m3 "
+                                          r"columns \(2 elements of K each\): an offset and a "
+                                          r"length that are multiples of 2"):
+        k.load_stationary(ta[:, 0:5], dtype="fp8e4m3")
+    k.load_stationary(ta, dtype="fp8e4m3")
+    k.matmul(acc[:, 0:N], tb)
+    k.activation(tc, acc[:, 0:N], out="fp32")
+    k.dma(C, tc)
+    program = k.build()
+    assert program.macs == 3 * 2 * M * N
+    loop = np.zeros((M, N), np.float32)
+    for m in range(M):
+        for n in range(N):
+            acc_value = np.float32(0)
+            for kk in range(K):
+                acc_value = np.float32(acc_value + np.float32(a[kk, m]) * np.float32(b[kk, n]))
+            loop[m, n] = acc_value
+    _check_golden(program, {"c": kernels.reference_activation_float(loop, out="fp32")})
+
+
+def test_packed_mlp_is_refused():
+    cfg = _trainium("trn3")
+    x = np.zeros((4, 2), FORMAT_DTYPES["fp8e4m3"])
+    scales = np.full((1, 2), 127, np.uint8)
+    with pytest.raises(KernelError, match=r"dtype='mxfp8e4m3': 4 MACs per PE per cycle on this "
+                                          r"build \(pe_macs_per_cycle\): its matmuls take that "
+                                          r"many elements of K per partition"):
+        kernels.mlp(cfg, x, x[:, :2], np.zeros(2, np.float32), x[:2], np.zeros(2, np.float32),
+                    block_scales=(scales, scales, scales))
+    # The same MLP in BF16 (one element per partition) builds.
+    bf = np.zeros((4, 2), FORMAT_DTYPES["bf16"])
+    kernels.mlp(cfg, bf, bf, np.zeros(2, np.float32), bf[:2], np.zeros(2, np.float32))

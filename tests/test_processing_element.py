@@ -9,7 +9,7 @@ from amaranth.hdl import Fragment, Shape, unsigned
 from amaranth.sim import Simulator
 
 from opentrn import numerics
-from opentrn.golden.processing_element import mac, mac_float
+from opentrn.golden.processing_element import mac, mac_float, mac_packed
 from opentrn.hdl.processing_element import ProcessingElement
 from opentrn.sim.tb_fp_adder import SPECIAL_CODES
 from opentrn.sim.tb_fp_multiplier import random_operands, random_scales, special_codes
@@ -411,8 +411,15 @@ def test_scale_ports_only_with_an_mx_format():
     ({"formats": ("int8", "mxfp8e4m3"), "acc_bits": 16}, ValueError,
      r"acc_bits=16: must be 32 \(FP32 sums\) with the float format mxfp8e4m3"),
     ({"formats": ("int8", "int8")}, ValueError, "names a format more than once"),
-    ({"formats": ("bf16",), "in_bits": 16}, ValueError, "must include int8"),
     ({"formats": ("int8", "bf16")}, ValueError, r"in_bits=8: must be at least 16"),
+    ({"formats": ("fp8e4m3",), "macs": {"fp8e4m3": 4}}, ValueError,
+     r"in_bits=8: must be at least 32, the width of the widest column of formats"),
+    ({"formats": ("int8",), "macs": {"bf16": 2}}, ValueError,
+     r"macs: 'bf16' is not among formats=\('int8',\)"),
+    ({"formats": ("int8",), "macs": {"int8": 3}, "in_bits": 32}, ValueError,
+     r"macs\['int8'\]=3: must be a power of two from 1 to 16"),
+    ({"formats": ("int8",), "macs": ["int8:2"]}, TypeError,
+     r"macs=\['int8:2'\]: must be a dict of format name: MACs per cycle"),
     ({"acc_bits": 12}, ValueError, r"acc_bits=12: must be at least 16"),
     ({"formats": ("int8", "fp8e5m2"), "acc_bits": 24}, ValueError,
      r"acc_bits=24: must be 32 \(FP32 sums\) with the float format fp8e5m2"),
@@ -421,3 +428,109 @@ def test_refuses_bad_parameters(kwargs, error, message):
     args = {"in_bits": 8, "acc_bits": 32, **kwargs}
     with pytest.raises(error, match=message):
         ProcessingElement(**args)
+
+
+# -- several MACs per cycle (Config.pe_macs_per_cycle) -------------------------------------------
+
+#: A Trainium3-like PE: no int8, FP8 "double row" (2 MACs per cycle), MXFP8 at 4.
+TRN3_LIKE = ("bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
+TRN3_MACS = {"fp8e4m3": 2, "mxfp8e4m3": 4, "mxfp8e5m2": 4}
+
+
+def _pack(values, bits):
+    return sum(int(v) << (i * bits) for i, v in enumerate(values))
+
+
+@pytest.mark.parametrize("formats, macs", [
+    (TRN3_LIKE, TRN3_MACS),
+    (("int8", "bf16", "fp8e5m2"), {"int8": 4, "bf16": 2, "fp8e5m2": 2}),
+], ids=["trn3-like", "int8x4-bf16x2"])
+def test_packed_macs(formats, macs):
+    """``macs[F]`` elements of K per cycle: ``acc = psum``, then ``acc + w_j * x_j`` for each
+    field ``j`` in order (int8: the exact sum of the products, wrapped), bit for bit against
+    :func:`~opentrn.golden.processing_element.mac_packed`, with the corner operands of
+    :func:`_float_operands` in every lane, the formats interleaved (so lanes a format does
+    not use see other formats' bits) and, for MX, one scale per operand shared by the
+    lanes. Every format's lanes must matter: the packed result differs from the first lane
+    alone in at least a quarter of the steps (the corner operands make many results NaN,
+    infinite or zero whatever the other lanes hold; a lane not wired in would differ in
+    none)."""
+    rates = {name: macs.get(name, 1) for name in formats}
+    in_bits = max(rates[f] * numerics.data_format(f).bytes * 8 for f in formats)
+    dut = ProcessingElement(in_bits=in_bits, acc_bits=32, formats=formats, macs=macs)
+    assert dut.macs == rates
+    mx = any(numerics.data_format(f).mx for f in formats)
+    rng = random.Random(11)
+    nrng = np.random.default_rng(11)
+    steps = 900
+    plan = [rng.choice(formats) for _ in range(steps)]
+    seen = {name: 0 for name in formats}
+    differs = {name: 0 for name in formats}
+
+    def operands(fmt):
+        """Raw x and w of ``rate`` elements each, a psum, and MX scales."""
+        rate = rates[fmt]
+        data = numerics.data_format(fmt)
+        if data.element is None:
+            xs = [rng.randrange(256) for _ in range(rate)]
+            ws = [rng.randrange(256) for _ in range(rate)]
+            return _pack(xs, 8), _pack(ws, 8), rng.randrange(1 << 32), None, None
+        triples = _float_operands(nrng, data.element.name, rate)
+        bits = data.element.bits
+        xs, ws = [t[0] for t in triples], [t[1] for t in triples]
+        scales = (rng.choice(EDGE_SCALES + (120, 131)), rng.choice(EDGE_SCALES + (124, 129)))
+        return _pack(xs, bits), _pack(ws, bits), triples[0][2], *scales
+
+    cases = [operands(fmt) for fmt in plan]
+
+    async def bench(ctx):
+        ctx.set(dut.enable, 1)
+        for fmt, (x, w, psum, scale_x, scale_w) in zip(plan, cases, strict=True):
+            ctx.set(dut.weight_we, 1)
+            ctx.set(dut.weight_bank, 0)
+            # Random bits above the format's fields: a packed column never reads them.
+            width = rates[fmt] * numerics.data_format(fmt).bytes * 8
+            ctx.set(dut.weight_data, w | (rng.randrange(1 << in_bits) >> width << width))
+            if mx:
+                ctx.set(dut.weight_scale, scale_w or 0)
+            await ctx.tick()
+            ctx.set(dut.weight_we, 0)
+            ctx.set(dut.x_in, x | (rng.randrange(1 << in_bits) >> width << width))
+            ctx.set(dut.bank_in, 0)
+            ctx.set(dut.format_in, numerics.data_format(fmt).code)
+            ctx.set(dut.psum_in, _as_signed32(psum))
+            if mx:
+                ctx.set(dut.x_scale_in, scale_x or 0)
+            await ctx.tick()
+            scales = {}
+            if numerics.data_format(fmt).mx:
+                scales = {"scale_weight": scale_w, "scale_x": scale_x}
+            want = int(mac_packed(psum, x, w, fmt, macs=rates[fmt], **scales)) & 0xFFFF_FFFF
+            got = ctx.get(dut.psum_out) & 0xFFFF_FFFF
+            assert got == want, (fmt, hex(x), hex(w), hex(psum), hex(got), hex(want))
+            seen[fmt] += 1
+            first = int(mac_packed(psum, x & 0xFF if numerics.data_format(fmt).bytes == 1
+                                   else x & 0xFFFF, w, fmt, macs=1, **scales)) & 0xFFFF_FFFF
+            differs[fmt] += got != first
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert all(count > 50 for count in seen.values()), seen
+    for fmt, rate in rates.items():
+        if rate > 1:
+            assert differs[fmt] > seen[fmt] // 4, (fmt, differs[fmt], seen[fmt])
+
+
+def test_lanes_of_a_build():
+    """Lane ``j`` has a multiplier built for the float formats with more than ``j`` MACs per
+    cycle, and an adder; no integer path without int8."""
+    dut = ProcessingElement(in_bits=32, acc_bits=32, formats=TRN3_LIKE, macs=TRN3_MACS)
+    assert _submodules(dut) == ["adder", "adder_1", "adder_2", "adder_3", "multiplier",
+                                "multiplier_1", "multiplier_2", "multiplier_3"]
+    fragment = Fragment.get(ProcessingElement(in_bits=32, acc_bits=32, formats=TRN3_LIKE,
+                                              macs=TRN3_MACS), None)
+    multipliers = {name: sub for sub, name, _ in fragment.subfragments
+                   if name.startswith("multiplier")}
+    assert set(multipliers) == {"multiplier", "multiplier_1", "multiplier_2", "multiplier_3"}

@@ -64,6 +64,11 @@ def _check(cfg, engine, bits):
     return Fault.NONE
 
 
+def _touches(bad, pc, size, bus):
+    """Bytes ``pc .. pc + size - 1`` are in a beat (``bus`` bytes, aligned) of ``bad``."""
+    return any(beat in bad for beat in range(pc - pc % bus, pc + size, bus))
+
+
 def _reference(cfg, engine, image, pointer, bad):
     """The stream at ``pointer`` as the sequencer must run it: ``([(pc, opcode, bits)]
     handed out in order, outcome)``, outcome ``None`` (finished at END) or ``(code, pc)``.
@@ -74,11 +79,11 @@ def _reference(cfg, engine, image, pointer, bad):
         return pushed, (Fault.FETCH_ERROR, pointer)
     pc = pointer
     while True:
-        if pc + WORD > cfg.hbm_bytes or any(a in bad for a in range(pc, pc + WORD, bus)):
+        if pc + WORD > cfg.hbm_bytes or _touches(bad, pc, WORD, bus):
             return pushed, (Fault.FETCH_ERROR, pc)
         opcode = image[pc]
         size = _size(engine, opcode)
-        if pc + size > cfg.hbm_bytes or any(a in bad for a in range(pc, pc + size, bus)):
+        if pc + size > cfg.hbm_bytes or _touches(bad, pc, size, bus):
             return pushed, (Fault.FETCH_ERROR, pc)
         bits = int.from_bytes(image[pc:pc + size], "little")
         code = _check(cfg, engine, bits)
@@ -407,7 +412,8 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 end_pushed = end_done = error_seen = False
                 stopped = error_due = None
                 next_pc = runs[run]
-                hbm.next_addr = runs[run]
+                # From the beat that holds the pointer (a 64-byte beat holds two words).
+                hbm.next_addr = runs[run] - runs[run] % cfg.dma_bus_bytes
                 hbm.last_new_ar = None
                 quiet_since = None
                 assert not queue and unit_done == 0 and quiet
@@ -453,6 +459,9 @@ CONFIGS = {
     "bus8": HBM12K,
     "bus4": HBM12K.replace(dma_bus_bytes=4),
     "bus32": HBM12K.replace(dma_bus_bytes=32),
+    # Wider than a fetch (32 bytes): the trn2/trn3 presets' bus; a beat carries two fetch
+    # units, of which the sequencer takes the one its pointer is in.
+    "bus64": HBM12K.replace(dma_bus_bytes=64),
 }
 
 
@@ -646,7 +655,12 @@ def _fault_case(rng, cfg, engine, case):
             (Fault.BAD_FIELD, at)
     if case == "slverr":
         word = _instruction(rng, cfg, engine, unit, base=bases, waits=False)
-        beat = at + cfg.dma_bus_bytes * rng.randrange(len(word) // cfg.dma_bus_bytes)
+        if at % cfg.dma_bus_bytes:
+            # A beat wider than a word: start the instruction on a beat, so that the bad
+            # beat holds no instruction before it.
+            prefix += _instruction(rng, cfg, engine, Opcode.NOP, base=bases, waits=False)
+            at += WORD
+        beat = at + cfg.dma_bus_bytes * rng.randrange(max(1, len(word) // cfg.dma_bus_bytes))
         bad.add(beat)
         # An error on a prefetched beat past END is never used: no fault from it.
         end = pointer + len(prefix) + len(word) + len(tail)
@@ -690,7 +704,8 @@ def test_faults(case):
     with the next ``start``."""
     engines = [Engine.DMA] if case == "long_past_hbm" else list(Engine)
     for engine in engines:
-        for name in ("bus8", "bus4", "bus32") if case in ("slverr", "past_hbm") else ("bus8",):
+        for name in ("bus8", "bus4", "bus32", "bus64") if case in ("slverr", "past_hbm") \
+                else ("bus8",):
             cfg = CONFIGS[name]
             rng = random.Random(f"{case}-{engine}-{name}")
             image, pointer, bad, fault = _fault_case(rng, cfg, engine, case)

@@ -376,3 +376,42 @@ def test_a_run_does_not_inherit_the_previous_runs_tile():
     assert outcomes[1].fault == Fault.NONE
     assert np.array_equal(program.read_outputs(outcomes[1].hbm)["c"], expected["c"])
     assert (outcomes[2].fault, outcomes[2].pc) == (Fault.BAD_FIELD, 0x2000)
+
+
+#: The Trainium shape of core at simulation size: no int8 (no integer datapath), FP8 at 2 and
+#: MXFP8 at 4 MACs per PE per cycle (packed columns), a 64-byte bus (a beat holds two
+#: instruction words), as the trn2/trn3 presets have them.
+TRAINIUM_TINY = TINY.replace(dtypes=("bf16", "fp8e4m3", "mxfp8e4m3"),
+                             pe_macs_per_cycle=("fp8e4m3:2", "mxfp8e4m3:4"), dma_bus_bytes=64)
+
+
+@pytest.mark.sim
+def test_packed_core_without_int8_is_exact_and_predicted():
+    """On the Trainium-shaped tiny core, GEMMs in each format (K over several packed K tiles,
+    partial tiles of M and N, MX scales per block of 32 / r partitions): outputs equal the
+    numpy reference and the golden machine bit for bit, the MAC counter counts r MACs per PE
+    per cycle, and the cycle model predicts every counter."""
+    cfg = TRAINIUM_TINY
+    sim = runner.default_simulator()
+    require_simulator(sim)
+    rng = np.random.default_rng(21)
+    jobs = []
+    for fmt, (m, k, n) in {"bf16": (5, 11, 9), "fp8e4m3": (6, 21, 13),
+                           "mxfp8e4m3": (7, 40, 9)}.items():
+        element = numerics.data_format(fmt).element.name
+        a = float_inputs(rng, (m, k), element, specials=False)
+        b = float_inputs(rng, (k, n), element)
+        scales = {}
+        if numerics.data_format(fmt).mx:
+            scales["block_scales"] = (_mx_scales(rng, k, m, 2), _mx_scales(rng, k, n, 2))
+        program, expected = kernels.gemm(cfg, a.T.copy(), b, **scales)
+        jobs.append((f"{fmt} gemm {m}x{k}x{n}", program, expected))
+    outcomes, _ = run_programs([program for _, program, _ in jobs], sim=sim)
+    golden = GoldenCore(cfg)
+    for (label, program, expected), outcome in zip(jobs, outcomes, strict=True):
+        reference = golden.run(program.hbm, program.programs)
+        assert outcome.fault == reference.fault == Fault.NONE, (label, outcome)
+        assert np.array_equal(outcome.hbm, reference.hbm[:len(program.hbm)]), label
+        assert same_bits(program.read_outputs(outcome.hbm)["c"], expected["c"]), label
+        assert outcome.counters["macs"] == reference.counters["macs"] == program.macs, label
+        assert cycle_model.predict(program) == outcome.counters, label

@@ -4,11 +4,13 @@ build with BF16, FP8 and MXFP8) also float matmuls with edge values and random M
 and every format interleaved on shared tiles; on a 64-row build (two MX blocks), a short
 program whose results depend on each block's own scales."""
 
+import os
+
 import numpy as np
 import pytest
 from vcdvcd import VCDVCD
 
-from opentrn import numerics
+from opentrn import config, numerics
 from opentrn.golden import tensor_engine as golden
 from opentrn.hdl.tensor_engine import mx_blocks
 from opentrn.sim import runner, wave
@@ -34,13 +36,21 @@ def test_tensor_engine(sim, build, tmp_path):
     if build == "tiny":
         # tiny builds every format: MX, with one block of scales, included.
         assert floats and mx_blocks(cfg) == 1
-    assert set(records) == {"extremes", "random_workload", "random_backpressure",
+    assert set(records) == {"full_matmuls", "random_workload", "random_backpressure",
                             "back_to_back", "back_to_back_reused",
+                            *(["extremes"] if "int8" in cfg.dtypes else []),
                             *(["float_random", "mixed_formats"] if floats else [])}
     assert sum(record["cases"] for record in records.values()) >= 200
     for record in records.values():
         assert record["mismatches"] == 0 and record["cycle_mismatches"] == 0
-    assert records["extremes"]["cycles_checked"] and records["random_workload"]["cycles_checked"]
+    assert records["random_workload"]["cycles_checked"]
+    if "int8" in cfg.dtypes:
+        assert records["extremes"]["cycles_checked"]
+    # A full-size matmul per format (K = the format's contraction, M = pe_cols,
+    # N = moving_max), fresh tile then reused: every format of the build, cycle-exact.
+    full = records["full_matmuls"]
+    assert full["formats"] == sorted(cfg.dtypes) and full["cycles_checked"]
+    assert full["cases"] == 2 * len(cfg.dtypes)
     # Background weight loads: N = K + M with a fresh tile each, and N = 1 against one tile,
     # both keep the array fed every cycle.
     assert records["back_to_back"]["n"] == cfg.pe_rows + cfg.pe_cols
@@ -110,3 +120,41 @@ def test_tensor_engine_mx_blocks(sim, build):
     assert set(record["block_sensitivity"]) == {"stationary", "moving", "skew"}
     for count in record["block_sensitivity"].values():
         assert count > record["beats"] // 2, record
+
+
+def _trainium_run(cfg):
+    """``test_full_matmuls`` of ``cfg`` on Verilator (hierarchically built): bit-exact,
+    cycle-exact, every format of the build."""
+    assert runner.build_info(runner.build(cfg, "tensor_engine", "verilator"))["hierarchical"]
+    result = runner.run(cfg, "opentrn.sim.tb_tensor_engine", "tensor_engine", "verilator",
+                        testcase="test_full_matmuls", env={"OPENTRN_SEED": 1})
+    assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
+    record, = result.reports
+    assert record["mismatches"] == 0 and record["cycle_mismatches"] == 0
+    assert record["cycles_checked"] and record["formats"] == sorted(cfg.dtypes)
+    assert record["cases"] == 2 * len(cfg.dtypes)
+    return record
+
+
+@pytest.mark.sim
+def test_trn3_formats_32x32_on_verilator(monkeypatch):
+    """A 32x32 array with every trn3 format (BF16, FP8 E4M3/E5M2, MXFP8 at 4 MACs per PE per
+    cycle): a matmul per format with K = 32 rows x the format's MACs per cycle, M = 32 and
+    N = moving_max (64 here, to keep the suite's time), fresh tile then reused, bit-exact and
+    cycle-exact. Built hierarchically per processing element, the quickest build (the
+    full-size run uses blocks of 64; the logic is the same)."""
+    require_simulator("verilator")
+    monkeypatch.setenv("OPENTRN_HIER_BLOCK_PES", "1")
+    cfg = config.resolve("trn3", overrides=["pe_rows=32", "pe_cols=32", "sbuf_partitions=32",
+                                            "moving_max=64"])
+    _trainium_run(cfg)
+
+
+@pytest.mark.sim
+@pytest.mark.skipif(os.environ.get("OPENTRN_FULL_SCALE") != "1",
+                    reason="the 128x128 build takes long: OPENTRN_FULL_SCALE=1 runs it")
+def test_trn3_full_size_on_verilator():
+    """The trn3 preset's 128x128 tensor engine, as :func:`test_trn3_formats_32x32_on_verilator`
+    (docs/performance.md has its build time, memory and speed)."""
+    require_simulator("verilator")
+    _trainium_run(config.preset("trn3"))

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 
 from opentrn import config, isa, numerics
@@ -604,6 +605,15 @@ def test_format_rules(group):
     _check_table(cfg, accept, table)
 
 
-def test_refuses_a_build_without_int8():
-    with pytest.raises(ValueError, match="dtypes=bf16,mxfp8e4m3: must include int8"):
-        TensorUnit(config=TINY.replace(dtypes=("bf16", "mxfp8e4m3"), acc_bits=32))
+def test_refuses_what_the_hardware_cannot_build():
+    """A column wider than an SBUF word, and MX formats of different MAC rates (every row
+    takes one block's scales); a build without int8 is fine."""
+    float_only = TINY.replace(dtypes=("bf16", "mxfp8e4m3"), acc_bits=32)
+    Fragment.get(TensorUnit(config=float_only), None)
+    with pytest.raises(ValueError, match=r"pe_macs_per_cycle=bf16:8: a column of bf16 is "
+                                         r"8 x 2 = 16 bytes, more than one SBUF word "
+                                         r"\(dma_bus_bytes=8\)"):
+        TensorUnit(config=float_only.replace(pe_macs_per_cycle=("bf16:8",)))
+    with pytest.raises(ValueError, match=r"the MX formats must have one rate in the tensor "
+                                         r"engine hardware \(not mxfp8e4m3:4, mxfp8e5m2:2\)"):
+        TensorUnit(config=TINY.replace(pe_macs_per_cycle=("mxfp8e4m3:4", "mxfp8e5m2:2")))

@@ -55,15 +55,15 @@ class Config:
     dtypes : tuple of str
         Input formats the tensor engine of this build supports (each matmul names one):
         ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2``, ``mxfp8e4m3``, ``mxfp8e5m2``
-        (docs/numerics.md). The hardware builds every one of them and always the int8 path,
-        so a hardware build must list ``int8``; the ``trn2``/``trn3`` presets, which list
-        their published float formats only, are for the golden models and projections.
+        (docs/numerics.md). The hardware builds every one of them; the integer path only
+        when ``int8`` is listed (the ``trn2``/``trn3`` presets list their published float
+        formats only).
     pe_macs_per_cycle : tuple of str
         Multiply-accumulates per PE per cycle of a format, as ``"format:count"`` items
         (``("mxfp8e4m3:4", "mxfp8e5m2:4")``); a format not listed does 1. Each count is a
-        power of two from 1 to 16. For projections only (:mod:`opentrn.projection`): the
-        hardware does one MAC per PE per cycle in every format and refuses a build where
-        this is not empty (``opentrn.hdl.check``).
+        power of two from 1 to 16. The hardware builds it: a PE of rate ``r`` takes a column
+        of ``r`` consecutive elements of K per cycle (docs/isa.md, "Packed columns"), so a
+        matmul contracts ``r x pe_rows`` elements; the projection uses the same rates.
     acc_bits : int
         Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
         any float format is in ``dtypes``.
@@ -224,8 +224,9 @@ class Config:
 
     @property
     def in_bits(self):
-        """Storage width of the widest tensor-engine input format of the build."""
-        return max(DTYPES[name] for name in self.dtypes)
+        """Width of the tensor engine's element registers: the widest column of the build's
+        formats, ``macs_per_pe_cycle(format)`` elements of ``format`` side by side."""
+        return max(DTYPES[name] * self.macs_per_pe_cycle(name) for name in self.dtypes)
 
     @property
     def hbm_addr_bits(self):

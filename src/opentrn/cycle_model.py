@@ -41,7 +41,7 @@ from opentrn.hdl.core import COUNTERS as CORE_COUNTERS
 from opentrn.hdl.dma import GEARBOX_WORDS, MAX_BURST, MAX_OUTSTANDING
 from opentrn.hdl.dma import QUEUE_DEPTH as DMA_QUEUE_DEPTH
 from opentrn.hdl.dma_unit import IN_FLIGHT as DMA_SIZES_DEPTH
-from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES, RETIRE_DEPTH
+from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES, RETIRE_DEPTH, fetch_unit
 from opentrn.hdl.tensor_unit import LOAD_JOBS, LOAD_WORDS, MATMUL_JOBS, MATMUL_WORDS
 from opentrn.isa import Engine, Opcode
 
@@ -215,13 +215,16 @@ class _Sequencer:
         self.bus = bus
         self.buffer_beats = FETCH_BUFFER_BYTES // bus
         self.burst_beats = self.buffer_beats // 2
-        self.beats_per_word = isa.WORD_BYTES // bus
+        unit = fetch_unit(config)
+        self.units_per_word = isa.WORD_BYTES // unit
+        self.units_per_beat = bus // unit
+        self.slot = program % bus // unit     # the unit of the head beat assembled next
         self.hbm_bytes = config.hbm_bytes
         self.instructions = instructions
         self.index = 0                  # the instruction being fetched / waiting
         self.state = _FETCH             # begin() at start: FETCH from the next cycle
         self.fetching = True
-        self.fetch_addr = program
+        self.fetch_addr = program - program % bus       # bursts fetch whole beats
         self.in_flight = 0
         self.ar_valid = False
         self.ar_len = 0
@@ -281,7 +284,7 @@ class _Reader:
 
     def __init__(self, jobs, words, width):
         self.jobs, self.words, self.width = jobs, words, width
-        self.queue = []        # jobs: dicts with first_word, last_word, lane, count, wide, seq
+        self.queue = []        # jobs: dicts with first_word, last_word, lane, count, size, seq
         self.gen_pos = 0       # jobs of the queue whose words have all been requested
         self.gen_index = 0
         self.reserved = 0
@@ -306,11 +309,12 @@ class _Reader:
         return len(self.queue) != self.jobs
 
 
-def _place(offset, count, wide, width, seq, **extra):
+def _place(offset, count, size, width, seq, **extra):
+    """A reader's job: ``count`` columns of ``2 ** size`` bytes from byte ``offset``."""
     shift = width.bit_length() - 1
     return {"first_word": offset >> shift,
-            "last_word": (offset + (count << wide) - 1) >> shift,
-            "lane": offset & (width - 1), "count": count, "wide": wide, "seq": seq, **extra}
+            "last_word": (offset + (count << size) - 1) >> shift,
+            "lane": offset & (width - 1), "count": count, "size": size, "seq": seq, **extra}
 
 
 class _Core:
@@ -380,18 +384,18 @@ class _Core:
     def _tensor_accept(self, ins):
         f, width, seq = ins.fields, self.config.dma_bus_bytes, self.sequence
         fmt = numerics.format_of_code(f["format"])
-        wide = 1 if fmt.bytes == 2 else 0
+        size = (numerics.column_bytes(self.config, fmt.name)).bit_length() - 1
         if ins.opcode == Opcode.LOAD_STATIONARY:
-            self.loads.queue.append(_place(f["sbuf_offset"], f["cols"], wide, width, seq,
+            self.loads.queue.append(_place(f["sbuf_offset"], f["cols"], size, width, seq,
                                            mx=fmt.mx))
             if fmt.mx:
                 self.scales["load"].queue.append(_place(f["scale_offset"], f["cols"], 0,
                                                         width, seq))
             self.load_pending = True
-            self.tile_macs = f["rows"] * f["cols"]
+            self.tile_macs = f["rows"] * self.config.macs_per_pe_cycle(fmt.name) * f["cols"]
             self.order.append(True)
         else:
-            self.matmuls.queue.append(_place(f["sbuf_offset"], f["n"], wide, width, seq,
+            self.matmuls.queue.append(_place(f["sbuf_offset"], f["n"], size, width, seq,
                                              mx=fmt.mx, swap=self.load_pending,
                                              macs=self.tile_macs))
             if fmt.mx:
@@ -683,14 +687,15 @@ class _Core:
                 s.fetch_addr += length * s.bus
                 issued = length
             s.in_flight += issued - beat_in
-            # assembly
+            # assembly: a unit per cycle; the beat leaves the buffer with its last unit
             read = False
             if s.state == _FETCH:
                 words = 2 if s.current().size == 2 * isa.WORD_BYTES else 1
-                if s.have == words * s.beats_per_word:
+                if s.have == words * s.units_per_word:
                     s.state = _READY
                 elif s.level != 0:
-                    read = True
+                    read = s.slot == s.units_per_beat - 1
+                    s.slot = (s.slot + 1) % s.units_per_beat
                     s.have += 1
             elif s.state == _READY and s.push is not None:
                 s.have = 0
@@ -810,8 +815,8 @@ class _Core:
         if take and reader.queue:
             job = reader.queue[0]
             if reader.col < job["count"]:
-                lane = (job["lane"] + (reader.col << job["wide"])) & (reader.width - 1)
-                pop = (lane == reader.width - 1 - job["wide"]
+                lane = (job["lane"] + (reader.col << job["size"])) & (reader.width - 1)
+                pop = (lane == reader.width - (1 << job["size"])
                        or reader.col == job["count"] - 1)
         if granted:
             reader.grant()
@@ -1043,14 +1048,17 @@ def gemm(config, m, k, n, *, dtype="int8"):
     if dtype not in config.dtypes:
         raise ValueError(f"dtype={dtype!r}: not among this configuration's formats, "
                          f"dtypes={','.join(config.dtypes)}")
-    fmt = numerics.data_format(dtype)
-    e, mx = fmt.bytes, fmt.mx
+    mx = numerics.data_format(dtype).mx
+    # Rows (partitions) of K: a format of r MACs per PE per cycle packs r elements of K per
+    # row and column (column_bytes each, docs/isa.md).
+    e = numerics.column_bytes(config, dtype)
+    rate = config.macs_per_pe_cycle(dtype)
+    k_rows = -(-k // rate)
     K, P, chunk = config.pe_rows, config.pe_cols, config.moving_max
     W = config.dma_bus_bytes
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
-    rate = config.macs_per_pe_cycle(dtype)
     out = 4                                              # int32 or FP32 results
-    k_tiles, m_tiles = -(-k // K), -(-m // P)
+    k_tiles, m_tiles = -(-k_rows // K), -(-m // P)
     width, kts, mb = kernels.schedule_shape(
         config, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
         staging_out=out, fixed_bytes=0, resident_tiles=0, element=e, mx=mx)
@@ -1060,7 +1068,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
 
     def rows_in(k0, k1):
         """Rows of K tiles k0 .. k1 - 1 (the last tile may be partial)."""
-        return min(k, k1 * K) - k0 * K
+        return min(k_rows, k1 * K) - k0 * K
 
     def dma(words, read=True):
         return (DMA_READ_OVERHEAD if read else DMA_WRITE_OVERHEAD) + words * word_cycles
@@ -1072,7 +1080,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         cost = dma(rows * _words(0, cols * e, W))
         dma_bytes += rows * cols * e
         if mx:
-            blocks = -(-K // numerics.MX_BLOCK)
+            blocks = numerics.mx_blocks(config)
             cost += dma(blocks * k_count * _words(0, cols, W))
             dma_bytes += blocks * k_count * cols
         return cost
@@ -1111,8 +1119,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         # this step's loads, matmuls and activations, and its DMA instructions (two words).
         instructions = (k1 - k0) * (1 + len(chunks)) + (len(chunks) + 2 if last else 0)
         fetch_beats.append(instructions * beats_per_word * word_cycles)
-        per_tile = max(sum(-(-c // rate) for c in chunks), K + P,
-                       (1 + len(chunks)) * issue)
+        per_tile = max(sum(chunks), K + P, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
         if last:
             store = dma(mrows * _words(0, w * out, W), read=False)
@@ -1137,8 +1144,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
         total += max(tensor[i], dma_side, act_side)
     drain = K + P - 1 + 2                       # the last results into the PSUM
     total += drain + acts[-1] + stores[-1]
-    vectors = sum(sum(-(-c // rate) for c in s[2]) * (s[6] - s[5]) for s in steps)
+    vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
+    # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
     return Estimate(m=m, k=k, n=n, dtype=dtype, cycles=round(total), tensor_busy=vectors,
                     dma_busy=round(dma_busy), activation_busy=sum(
                         sum(s[2]) for s in steps if s[7]),
-                    macs=m * k * n, dma_bytes=dma_bytes, steps=count)
+                    macs=m * k_rows * rate * n, dma_bytes=dma_bytes, steps=count)

@@ -45,7 +45,7 @@ from opentrn.hdl.dma import _addr_bits
 __all__ = ["Kernel", "KernelError", "KernelRunError", "Program", "Tensor", "SbufTile",
            "PsumTile", "View", "Pattern", "golden_backend", "PROGRAM_ALIGN", "TENSOR_ALIGN",
            "FUNCTIONS", "ENGINE_NAMES", "OUTPUT_FILL", "FORMAT_DTYPES", "format_of_dtype",
-           "mismatches", "same_bits"]
+           "mismatches", "same_bits", "tensor_format"]
 
 #: Alignment of each instruction stream in the HBM image (an AXI4 4 KiB boundary).
 PROGRAM_ALIGN = 4096
@@ -95,6 +95,16 @@ def mismatches(a, b):
     size = a.dtype.itemsize
     return int(np.count_nonzero(np.any(a.view(np.uint8).reshape(-1, size)
                                        != b.view(np.uint8).reshape(-1, size), axis=1)))
+
+
+def tensor_format(config, dtype):
+    """The :class:`~opentrn.numerics.DataFormat` of a matmul ``dtype`` name, which the build
+    of ``config`` must implement (else :class:`KernelError`)."""
+    names = [f.name for f in numerics.matmul_formats(config)]
+    if dtype not in names:
+        _fail("dtype", dtype, f"must be one of this build's matmul formats: "
+              f"{', '.join(names) or 'none'} (Config.dtypes={','.join(config.dtypes)})")
+    return numerics.data_format(dtype)
 
 
 class KernelError(ValueError):
@@ -819,25 +829,18 @@ class Kernel:
 
     # -- tensor engine ----------------------------------------------------------------------
 
-    def _tensor_format(self, dtype):
-        """The :class:`~opentrn.numerics.DataFormat` of a matmul ``dtype`` name, which the
-        build must implement."""
-        cfg = self.config
-        names = [f.name for f in numerics.matmul_formats(cfg)]
-        if dtype not in names:
-            _fail("dtype", dtype, f"must be one of this build's matmul formats: "
-                  f"{', '.join(names) or 'none'} (Config.dtypes={','.join(cfg.dtypes)})")
-        return numerics.data_format(dtype)
-
-    @staticmethod
-    def _columns(name, view, fmt):
-        """``(offset, columns)`` of an SBUF view of ``fmt`` elements: its bytes must be
-        whole, aligned elements."""
-        size = fmt.bytes
+    def _columns(self, name, view, fmt):
+        """``(offset, columns)`` of an SBUF view of ``fmt`` columns
+        (``numerics.column_bytes``: the format's MACs per PE per cycle x its element bytes):
+        its bytes must be whole, aligned columns."""
+        size = numerics.column_bytes(self.config, fmt.name)
         offset = view.base.offset + view.c0
         if offset % size or view.cols % size:
-            _fail(f"{name} bytes", (offset, offset + view.cols), f"must be whole {fmt.name} "
-                  f"elements: an offset and a length that are multiples of {size}")
+            per = self.config.macs_per_pe_cycle(fmt.name)
+            what = f"{fmt.name} columns ({per} elements of K each)" if per > 1 else \
+                f"{fmt.name} elements"
+            _fail(f"{name} bytes", (offset, offset + view.cols), f"must be whole {what}: an "
+                  f"offset and a length that are multiples of {size}")
         return offset, view.cols // size
 
     def _scale_view(self, name, scales, fmt, rows, cols):
@@ -853,23 +856,28 @@ class Kernel:
                   f"per column and block of {numerics.MX_BLOCK} rows")
         view = _as_view(name, scales, (SbufTile,))
         self._check_live(name, view)
-        blocks = -(-rows // numerics.MX_BLOCK)
+        block_rows = numerics.mx_block_rows(self.config)
+        blocks = -(-rows // block_rows)
         if view.r0 != 0 or view.rows != blocks or view.cols != cols:
             _fail(name, view, f"must be partitions 0..{blocks - 1} (one per block of "
-                  f"{numerics.MX_BLOCK} rows) x {cols} bytes (one per column)")
+                  f"{numerics.MX_BLOCK} elements of K: {block_rows} rows) x {cols} bytes (one "
+                  "per column)")
         return ({"scale_offset": view.base.offset + view.c0},
                 [(self._key(view.base), False, self._rect(view))])
 
     def load_stationary(self, view, *, dtype: str = "int8", scales=None):
-        """Load the stationary tile ``S[k, m] = view[k, m]`` of ``dtype`` elements (a format
-        of the build's ``dtypes``: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2`` and the MX
-        formats): rows are partitions ``0 .. rows-1`` (at most ``pe_rows``), columns
-        elements of ``dtype`` bytes each (at most ``pe_cols``).
-        An MX format takes ``scales``, an SBUF view of ``ceil(rows / 32)`` partitions x
-        ``cols`` bytes: the E8M0 scale of column ``m`` for rows ``32 b .. 32 b + 31`` in
+        """Load the stationary tile ``S[k, m]`` of ``dtype`` elements (a format of the
+        build's ``dtypes``: ``int8``, ``bf16``, ``fp8e4m3``, ``fp8e5m2`` and the MX formats)
+        from ``view``: rows are partitions ``0 .. rows-1`` (at most ``pe_rows``), columns
+        ``column_bytes`` each (at most ``pe_cols``). A format with ``r`` MACs per PE per
+        cycle (``Config.pe_macs_per_cycle``) has ``r`` elements of K per row and column,
+        consecutive: ``S[p * r + j, m]`` is element ``j`` of column ``m`` of partition
+        ``p`` (``r = 1``: ``S[k, m] = view[k, m]``).
+        An MX format takes ``scales``, an SBUF view of ``ceil(rows * r / 32)`` partitions x
+        ``cols`` bytes: the E8M0 scale of column ``m`` for K ``32 b .. 32 b + 31`` in
         partition ``b``."""
         cfg = self.config
-        fmt = self._tensor_format(dtype)
+        fmt = tensor_format(self.config, dtype)
         view = _as_view("view", view, (SbufTile,))
         self._check_live("view", view)
         if view.r0 != 0:
@@ -894,7 +902,8 @@ class Kernel:
     def matmul(self, psum, moving, *, accumulate: bool = False, scales=None):
         """``psum[m, j] (+)= sum_k S[k, m] * moving[k, j]`` with ``S`` the latest stationary
         tile, whose format the moving elements have: ``moving`` has that tile's rows
-        (partitions from 0) and ``n <= moving_max`` columns; ``psum`` (from partition 0) has
+        (partitions from 0, each with ``r`` elements of K per column as the tile's) and
+        ``n <= moving_max`` columns; ``psum`` (from partition 0) has
         ``n`` entries. Every PSUM partition is written (those past the tile's columns get
         0); ``accumulate`` adds in int32 (int8) or FP32 (the float formats). An MX tile
         takes the moving operand's ``scales`` (as :meth:`load_stationary`, ``n`` bytes)."""
@@ -927,7 +936,7 @@ class Kernel:
             (self._key(psum.base), True, self._rect(psum, (0, cfg.pe_cols))),
             *scale_accesses])
         self._load_pending = False
-        self.macs += rows * cols * n
+        self.macs += rows * self.config.macs_per_pe_cycle(fmt.name) * cols * n
 
     # -- activation engine ------------------------------------------------------------------
 

@@ -26,8 +26,17 @@ and K part; the PSUM keeps accumulating). Results go PSUM -> ``ACTIVATE`` -> SBU
 
 MX formats: the host re-lays each operand's scales per K tile (``_tile_scales``: row
 ``kt * Bt + b`` holds block ``(kt * R) // 32 + b``, ``Bt = ceil(R / 32)`` blocks per K tile of
-``R`` rows), so one DMA fetches a step's scales into a slot (block ``b`` in partition ``b``)
-alongside its element data, double-buffered the same way.
+``R`` elements of K), so one DMA fetches a step's scales into a slot (block ``b`` in
+partition ``b``) alongside its element data, double-buffered the same way.
+
+A format with ``r`` multiply-accumulates per PE per cycle (``Config.pe_macs_per_cycle``:
+Trainium's FP8 "double row" and MXFP8 matmuls) contracts ``r`` consecutive elements of K
+per SBUF partition (docs/isa.md): a K tile is ``r x pe_rows`` elements, and the host lays
+each operand out packed (``_pack``: ``[ceil(K / r), C * r]``, row ``q`` holding rows
+``q * r .. q * r + r - 1`` of K side by side per column), so that the same DMA descriptors
+fetch whole packed columns. The 2-layer MLP needs one element of K per partition for its
+second layer (the activation engine writes a hidden feature per partition) and refuses such
+a format.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from opentrn.kernel import (
     SbufTile,
     Tensor,
     format_of_dtype,
+    tensor_format,
 )
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
@@ -220,13 +230,26 @@ def _block_scales(name, value, rows, cols, what):
     return array
 
 
+def _pack(array, rate):
+    """``array`` ``[K, C]`` as the SBUF takes it for a format of ``rate`` MACs per PE per
+    cycle: ``[ceil(K / rate), C * rate]``, row ``q`` holding K rows ``q * rate ..
+    q * rate + rate - 1`` side by side for each column (rows past K zero: their products
+    add +0, which changes no sum, docs/numerics.md). ``array`` itself for rate 1."""
+    if rate == 1:
+        return array
+    k, cols = array.shape
+    padded = np.zeros((-(-k // rate) * rate, cols), array.dtype)
+    padded[:k] = array
+    return padded.reshape(-1, rate, cols).transpose(0, 2, 1).reshape(-1, cols * rate)
+
+
 def _tile_scales(scales, K, R):
-    """``scales`` (``[ceil(K / 32), cols]``) re-laid per K tile of ``R`` rows (a power of
-    two): ``Bt = ceil(R / 32)`` rows per K tile, row ``kt * Bt + b`` holding block
+    """``scales`` (``[ceil(K / 32), cols]``) re-laid per K tile of ``R`` elements of K (a
+    power of two): ``Bt = ceil(R / 32)`` rows per K tile, row ``kt * Bt + b`` holding block
     ``(kt * R) // 32 + b`` (for ``R < 32`` the block is shared by ``32 / R`` K tiles), rows
-    past the last block 127 (``2**0``, never read: a K tile's matmuls read
-    ``ceil(rows / 32)`` blocks). One DMA then fetches a step's K tiles, block ``b`` of each
-    into partition ``b``."""
+    past the last block 127 (``2**0``, never read: a K tile's matmuls read the blocks of its
+    rows). One DMA then fetches a step's K tiles, block ``b`` of each into partition
+    ``b``."""
     k_tiles, per_tile = -(-K // R), -(-R // numerics.MX_BLOCK)
     index = ((np.arange(k_tiles)[:, None] * R) // numerics.MX_BLOCK
              + np.arange(per_tile)[None, :]).ravel()
@@ -280,8 +303,9 @@ def _requant(name, value):
 
 @dataclass
 class _Layer:
-    """One ``out[M, N] = a[K, M].T @ moving[K, N]`` with its epilogue."""
-    a: Tensor                   # stationary, [K, M] in HBM
+    """One ``out[M, N] = a[K, M].T @ moving[K, N]`` with its epilogue; ``K`` and the K tiles
+    in rows (SBUF partitions), each of ``rate`` elements of K per column (``_pack``)."""
+    a: Tensor                   # stationary, [K, M * rate] in HBM
     K: int
     M: int
     kt_rows: int                # rows of a K tile
@@ -299,6 +323,7 @@ class _Layer:
     a_scales: Tensor | None = None
     moving_scales: Tensor | None = None
     resident_scales: SbufTile | None = None
+    rate: int = 1               # elements of K per row and column (MACs per PE per cycle)
 
     @property
     def mx(self):
@@ -306,13 +331,18 @@ class _Layer:
 
     @property
     def scale_rows(self):
-        """Rows of a K tile in the re-laid scale tensors: ``ceil(kt_rows / 32)``."""
-        return -(-self.kt_rows // numerics.MX_BLOCK)
+        """Rows of a K tile in the re-laid scale tensors: ``ceil(kt_rows * rate / 32)``."""
+        return -(-(self.kt_rows * self.rate) // numerics.MX_BLOCK)
+
+    @property
+    def block_rows(self):
+        """Rows (partitions) of one MX block: ``32 / rate``."""
+        return numerics.MX_BLOCK // self.rate
 
     @property
     def size(self):
-        """Bytes of one input element."""
-        return numerics.data_format(self.dtype).bytes
+        """Bytes of one column of a row: ``rate`` input elements."""
+        return self.rate * numerics.data_format(self.dtype).bytes
 
     @property
     def out_size(self):
@@ -398,9 +428,9 @@ class _Schedule:
         """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
         ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
         per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
-        per block (MLP hidden), x 2; ``element``: bytes of an input element; ``mx``: an MX
-        format, whose scale slots (one byte per column and K tile, double-buffered like the
-        element slots) count in the SBUF budget."""
+        per block (MLP hidden), x 2; ``element``: bytes of an input column (its format's
+        ``column_bytes``); ``mx``: an MX format, whose scale slots (one byte per column and
+        K tile, double-buffered like the element slots) count in the SBUF budget."""
         self.k = kernel
         cfg = kernel.config
         self.cfg = cfg
@@ -425,7 +455,7 @@ class _Schedule:
                         if staging_out else [])
         # MX: the scales of the slots above, block b of each K tile (pe_rows rows) in
         # partition b.
-        scale_parts = -(-cfg.pe_rows // numerics.MX_BLOCK)
+        scale_parts = numerics.mx_blocks(cfg) if mx else 0
         self.a_scale_slots = ([k.sbuf(scale_parts, kts * mb * self.P) for _ in range(2)]
                               if mx else [])
         self.b_scale_slots = ([k.sbuf(scale_parts, kts * width) for _ in range(2)]
@@ -485,8 +515,8 @@ class _Schedule:
                 tile = self.b_slots[self.b_count % 2]
                 self.b_count += 1
                 self.b_key = key
-                self._rows_3d(layer.moving, r0, r1, step.n0, step.width, tile, self.b_stride,
-                              R)
+                self._rows_3d(layer.moving, r0, r1, step.n0 * layer.rate,
+                              step.width * layer.rate, tile, self.b_stride, R)
                 self.b_tile = tile
                 if layer.mx:
                     self.b_scale_tile = self.b_scale_slots[(self.b_count - 1) % 2]
@@ -508,7 +538,8 @@ class _Schedule:
             self.a_count += 1
             m0 = (step.mt // mb) * mb * self.P
             cols = min(mb * self.P, layer.M - m0)
-            self._rows_3d(layer.a, r0, r1, m0, cols, self.a_tile, self.a_stride, R)
+            self._rows_3d(layer.a, r0, r1, m0 * layer.rate, cols * layer.rate, self.a_tile,
+                          self.a_stride, R)
             if layer.mx:
                 self.a_scale_tile = self.a_scale_slots[(self.a_count - 1) % 2]
                 Bt = layer.scale_rows
@@ -535,7 +566,7 @@ class _Schedule:
             scales = moving_scales = None
             if layer.mx:
                 # Blocks 0..nb-1 of this K tile (partitions), one byte per column.
-                nb = -(-rows // numerics.MX_BLOCK)
+                nb = -(-rows // layer.block_rows)
                 s_tile, s_offset = step.a_scales
                 s_column = i * self.m_block * self.P + s_offset
                 scales = s_tile[0:nb, s_column:s_column + mrows]
@@ -592,6 +623,13 @@ class _Schedule:
         return tile
 
 
+def _rate(config, fmt):
+    """The MACs per PE per cycle of ``fmt`` on ``config``; a format the build lacks is a
+    :class:`KernelError`."""
+    tensor_format(config, fmt)
+    return config.macs_per_pe_cycle(fmt)
+
+
 def _bias_bytes(cfg, rows):
     align = max(4, cfg.dma_bus_bytes)
     return -(-(4 * -(-rows // cfg.pe_cols)) // align) * align
@@ -610,17 +648,18 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     out = _out_format("out", out or ("fp32" if floating else "int32"), fmt)
     K, M = a_t.shape
     N = b.shape[1]
-    kt_rows = config.pe_rows
+    rate = _rate(config, fmt)
+    kt_rows = config.pe_rows                 # rows (partitions) of a K tile
     mx = block_scales is not None
     if mx:
         sa = _block_scales("block_scales[0] (sa)", block_scales[0], K, M, "a_t")
         sb = _block_scales("block_scales[1] (sb)", block_scales[1], K, N, "b")
     k = Kernel(config, name=name)
-    A, B = k.input("a_t", a_t), k.input("b", b)
+    A, B = k.input("a_t", _pack(a_t, rate)), k.input("b", _pack(b, rate))
     SA = SB = None
     if mx:
-        SA = k.input("a_t_scales", _tile_scales(sa, K, kt_rows))
-        SB = k.input("b_scales", _tile_scales(sb, K, kt_rows))
+        SA = k.input("a_t_scales", _tile_scales(sa, K, kt_rows * rate))
+        SB = k.input("b_scales", _tile_scales(sb, K, kt_rows * rate))
     bias_tensor = None
     if bias is not None:
         bias = _vector("bias", bias, M, np.float32 if floating else np.int32)
@@ -628,20 +667,22 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     out_name = "c" if bias is None else "y"
     C = k.output(out_name, (M, N), FORMAT_DTYPES[out])
     size = numerics.data_format(out).bytes
-    sched = _Schedule(k, columns=N, k_tiles=-(-K // kt_rows), m_tiles=-(-M // config.pe_cols),
-                      moving_from_hbm=True,
+    rows = -(-K // rate)                     # K in rows of packed columns
+    sched = _Schedule(k, columns=N, k_tiles=-(-rows // kt_rows),
+                      m_tiles=-(-M // config.pe_cols), moving_from_hbm=True,
                       staging_out=size, resident_tiles=0,
                       fixed_bytes=_bias_bytes(config, M) if bias is not None else 0,
-                      element=numerics.data_format(fmt).bytes, mx=mx)
+                      element=numerics.column_bytes(config, fmt), mx=mx)
     bias_tile = sched.load_bias(bias_tensor) if bias is not None else None
     if scaling is None:
         scaling = {"scale": 1.0} if floating else {"multiplier": 1, "shift": 0}
-    layer = _Layer(a=A, K=K, M=M, kt_rows=kt_rows, moving=B, resident=None,
+    layer = _Layer(a=A, K=rows, M=M, kt_rows=kt_rows, moving=B, resident=None,
                    function="relu" if relu else "identity", scaling=scaling, out=out,
-                   bias=bias_tile, dest=C, P=sched.P, dtype=fmt, a_scales=SA, moving_scales=SB)
+                   bias=bias_tile, dest=C, P=sched.P, dtype=fmt, a_scales=SA, moving_scales=SB,
+                   rate=rate)
     sched.run(step for block in range(len(sched.blocks)) for step in sched.steps(layer, block))
     if floating:
-        acc = reference_matmul_float(a_t, b, kt_rows=kt_rows,
+        acc = reference_matmul_float(a_t, b, kt_rows=kt_rows * rate,
                                      block_scales=(sa, sb) if mx else None)
         expected = reference_activation_float(acc, bias=bias, relu=relu, out=out, **scaling)
     else:
@@ -777,6 +818,12 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
         out = _out_format("out", out or "int8", fmt)
     cfg = config
     P = cfg.pe_cols
+    if _rate(cfg, fmt) > 1:
+        raise KernelError(
+            f"dtype={fmt!r}: {cfg.macs_per_pe_cycle(fmt)} MACs per PE per cycle on this build "
+            "(pe_macs_per_cycle): its matmuls take that many elements of K per partition, "
+            "and the activation engine writes one hidden feature per partition, so the "
+            "hidden layer cannot feed layer 2; run the layers as two GEMMs")
     if P > cfg.pe_rows:
         raise KernelError(f"pe_cols={P}: must be at most pe_rows={cfg.pe_rows} (a hidden tile "
                           "of pe_cols rows is one K tile of layer 2)")
@@ -876,6 +923,8 @@ def random_kernel(config: Config, rng, *, largest: int) -> tuple[str, Program]:
     with random inputs: ``(label, program)``. For comparing timing models with the RTL."""
     dtype = str(rng.choice(config.dtypes))
     kind = str(rng.choice(["gemm", "gemm-relu", "mlp"], p=[0.5, 0.25, 0.25]))
+    if kind == "mlp" and config.macs_per_pe_cycle(dtype) > 1:
+        kind = "gemm"                   # the MLP needs one element of K per partition
     mx = numerics.data_format(dtype).mx
     scaling = {} if dtype == "int8" else {"scales": (0.25, 0.25)}
     if kind == "mlp":

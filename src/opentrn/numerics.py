@@ -23,7 +23,8 @@ import numpy as np
 __all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
            "data_format", "FLOAT_FORMATS", "FP32", "BF16", "FP8E4M3", "FP8E5M2",
            "MX_BLOCK", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
-           "to_bits", "from_bits", "bit_length", "mx_blocks"]
+           "to_bits", "from_bits", "bit_length", "mx_blocks", "mx_block_rows", "mx_rate",
+           "column_bytes"]
 
 
 @dataclass(frozen=True)
@@ -159,15 +160,42 @@ assert max(f.code for f in DATA_FORMATS.values()) < 1 << FORMAT_CODE_BITS
 TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
 
 
+def column_bytes(config, name):
+    """Bytes of one column of format ``name`` in one SBUF partition, as the tensor engine
+    reads it: ``macs_per_pe_cycle(name)`` consecutive elements of K (one per
+    multiply-accumulate a PE does per cycle; docs/isa.md), ``bytes(name)`` each."""
+    return config.macs_per_pe_cycle(name) * data_format(name).bytes
+
+
+def mx_rate(config):
+    """Multiply-accumulates per PE per cycle of the MX formats of ``config`` (one rate for
+    all of them, :func:`check_buildable`), or 0 when it has none."""
+    rates = {config.macs_per_pe_cycle(fmt.name) for fmt in matmul_formats(config) if fmt.mx}
+    return max(rates, default=0)
+
+
 def check_buildable(config, what):
-    """Raise ``ValueError`` unless the hardware can be built for ``config.dtypes``: it
-    implements every tensor format, but its integer path (int8, the int32 accumulation and
-    requantisation) is always built, so ``dtypes`` must include int8 (the ``trn2``/``trn3``
-    presets, sized for projection, do not). ``what`` names the refusing block in the
-    message (``"the tensor engine hardware"``)."""
-    if "int8" not in config.dtypes:
-        raise ValueError(f"dtypes={','.join(config.dtypes)}: must include int8 ({what}'s "
-                         "integer path is always built)")
+    """Raise ``ValueError`` unless the hardware can be built for ``config``'s formats and
+    MAC rates. ``what`` names the refusing block in the message (``"the tensor engine
+    hardware"``). Rules: every column of a format (``column_bytes``) fits one SBUF word
+    (``dma_bus_bytes``), since the tensor engine reads a column from one word; the MX
+    formats have one MAC rate, since every row of the array takes the scales of one block
+    whatever the format."""
+    for name in config.dtypes:
+        size = column_bytes(config, name)
+        if size > config.dma_bus_bytes:
+            raise ValueError(
+                f"pe_macs_per_cycle={','.join(config.pe_macs_per_cycle)}: a column of {name} "
+                f"is {config.macs_per_pe_cycle(name)} x {data_format(name).bytes} = {size} "
+                f"bytes, more than one SBUF word (dma_bus_bytes={config.dma_bus_bytes}): "
+                f"{what} reads a column from one word")
+    rates = {name: config.macs_per_pe_cycle(name) for name in config.dtypes
+             if data_format(name).mx}
+    if len(set(rates.values())) > 1:
+        raise ValueError(
+            f"pe_macs_per_cycle={','.join(config.pe_macs_per_cycle)}: the MX formats must have "
+            f"one rate in {what} (not {', '.join(f'{k}:{v}' for k, v in rates.items())}): "
+            "every row of the array takes the scales of one block of K")
 
 
 def matmul_formats(config):
@@ -177,12 +205,24 @@ def matmul_formats(config):
 
 
 def mx_blocks(config):
-    """The MX scale blocks of the tensor engine of ``config``: ``ceil(pe_rows / MX_BLOCK)``
-    (row ``k`` is in block ``k // MX_BLOCK``, whose scales SBUF partition ``b`` holds) when
-    one of its formats is an MX format, else 0."""
-    if not any(fmt.mx for fmt in matmul_formats(config)):
+    """The MX scale blocks of one matmul on the tensor engine of ``config`` when one of its
+    formats is an MX format, else 0: ``ceil(K / MX_BLOCK)`` for the ``K = r x pe_rows``
+    elements of the contraction dimension a matmul takes, ``r`` its MAC rate
+    (:func:`mx_rate`). Block ``b`` covers the array rows (SBUF partitions)
+    ``b * mx_block_rows(config)`` and on, and its scales are in SBUF partition ``b``."""
+    rate = mx_rate(config)
+    if not rate:
         return 0
-    return -(-config.pe_rows // MX_BLOCK)
+    return -(-(rate * config.pe_rows) // MX_BLOCK)
+
+
+def mx_block_rows(config):
+    """Array rows (SBUF partitions) of one MX block: ``MX_BLOCK / r`` (the ``r`` elements of
+    K in each partition are consecutive, so a block of 32 takes whole partitions)."""
+    rate = mx_rate(config)
+    if not rate:
+        raise ValueError(f"dtypes={','.join(config.dtypes)}: no MX format")
+    return MX_BLOCK // rate
 
 
 def float_formats(config):
@@ -192,10 +232,10 @@ def float_formats(config):
 
 def activation_formats(config):
     """The output formats an ``ACTIVATE`` of a build for ``config`` may name, in code order:
-    ``int8`` and ``int32`` (the integer path); with any float input format, also ``fp32``
-    and the element format of each float input format (an MX format's is its FP8 format,
-    so one layer's output can feed the next: the float path)."""
-    names = ["int8", "int32"]
+    with int8 among the input formats, ``int8`` and ``int32`` (the integer path); with any
+    float input format, ``fp32`` and the element format of each float input format (an MX
+    format's is its FP8 format, so one layer's output can feed the next: the float path)."""
+    names = ["int8", "int32"] if "int8" in config.dtypes else []
     floats = {DATA_FORMATS[name].element.name for name in float_formats(config)}
     if floats:
         names += ["fp32", *floats]

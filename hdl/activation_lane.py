@@ -1,0 +1,163 @@
+"""One lane of the activation engine: the datapath of one PSUM partition, integer and float,
+through the engine's four pipeline stages."""
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from opentrn import numerics
+
+from .fp_adder import FPAdder
+from .fp_cast import FPCast
+from .fp_multiplier import FPMultiplier
+
+__all__ = ["ActivationLane"]
+
+#: Codes of the ``function`` parameter (as the engine's).
+_RELU = 1
+
+
+class ActivationLane(wiring.Component):
+    """The datapath of one lane of :class:`~opentrn.hdl.activation_engine.ActivationEngine`
+    (whose docstring states the arithmetic): ``result`` is the lane's output register,
+    ``STAGES`` advances after ``x`` entered. The engine decodes the operation once for all
+    lanes (``is_float``, ``is_int32``) and tracks which results are valid; the lane holds
+    data only (no reset), so every lane of an engine is one shared block
+    (:mod:`opentrn.hdl.hierarchy`).
+
+    ``integer`` builds the integer path (a build with int8), ``float_outputs`` the float
+    path's output formats (empty: no float path).
+
+    Members
+    -------
+    advance : ``In(1)``
+        Move the pipeline one stage this cycle.
+    x : ``In(signed(acc_bits))``
+        The lane's input (an accumulator, or an FP32 code).
+    is_float, is_int32 : ``In(1)``
+        The operation's path, and on the integer path the int32 saturation.
+    function : ``In(1)``; multiplier : ``In(signed(32))``; shift : ``In(range(64))``;
+    out_format : ``In(numerics.FORMAT_CODE_BITS)``; bias : ``In(signed(32))``
+        The operation's parameters, held for its whole run; ``bias`` this lane's.
+    result : ``Out(signed(32))``
+        Stage 4: the saturated integer, or the float code zero-extended.
+    """
+
+    def __init__(self, *, acc_bits, integer, float_outputs, shift_limit, out_bits,
+                 int8_range):
+        self._acc_bits, self._integer = acc_bits, bool(integer)
+        self._floats = tuple(float_outputs)
+        self._shift_limit, self._out_bits, self._int8_range = shift_limit, out_bits, int8_range
+        #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
+        self.shared_key = (acc_bits, self._integer, self._floats, shift_limit, out_bits,
+                           int8_range)
+        super().__init__({
+            "advance": In(1), "x": In(signed(acc_bits)),
+            "is_float": In(1), "is_int32": In(1),
+            "function": In(1), "multiplier": In(signed(32)), "shift": In(range(shift_limit)),
+            "out_format": In(numerics.FORMAT_CODE_BITS), "bias": In(signed(32)),
+            "result": Out(signed(out_bits)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        int_result = Const(0, signed(self._out_bits))
+        if self._integer:
+            int_result = self._integer_path(m)
+        result = int_result
+        if self._floats:
+            result = self._float_path(m, int_result)
+        output = Signal(signed(self._out_bits), reset_less=True)
+        with m.If(self.advance):
+            m.d.sync += output.eq(result)
+        m.d.comb += self.result.eq(output)
+        return m
+
+    def _register(self, shape, name):
+        return Signal(shape, name=name, reset_less=True)
+
+    def _integer_path(self, m):
+        """Stages 1 to 4 of the integer path; returns the stage 4 value (saturated)."""
+        product_bits = self._acc_bits + 32               # signed a-bit x signed b-bit
+        pre_bits = product_bits + 1                       # plus a 32-bit bias
+        narrow_lo, narrow_hi = self._int8_range
+        wide_lo, wide_hi = -(1 << (self._out_bits - 1)), (1 << (self._out_bits - 1)) - 1
+        ones = Const((1 << pre_bits) - 1, pre_bits)
+        lo = Mux(self.is_int32, wide_lo, narrow_lo)
+        hi = Mux(self.is_int32, wide_hi, narrow_hi)
+        product = self._register(signed(product_bits), "product")
+        pre = self._register(signed(pre_bits), "pre")
+        quotient = self._register(signed(pre_bits), "quotient")
+        round_up = self._register(1, "round_up")
+        # The helpers of stages 3 and 4 are assigned inside ``If(advance)``, next to the
+        # registers that read them (and nothing else does), so that Yosys writes them as
+        # processes rather than nets of continuous assignments, which Icarus re-propagates
+        # bit by bit.
+        guard_shifted = Signal(signed(pre_bits + 1))
+        below_guard = Signal(pre_bits)
+        rounded = Signal(signed(pre_bits + 1))
+        activated = Signal(signed(pre_bits + 1))
+        saturated = Signal(signed(self._out_bits))
+        with m.If(self.advance):
+            # Stage 1: the exact product; a zero operand on the float path, so that the
+            # multiplier does not toggle.
+            m.d.sync += product.eq(Mux(self.is_float, 0, self.x) * self.multiplier)
+            # Stage 2: plus the bias, exact (one bit wider).
+            m.d.sync += pre.eq(product + Mux(self.is_float, 0, self.bias))
+
+            # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to even
+            # from the bits shifted out: the guard bit (weight 2**(shift-1), the "half"), and
+            # the sticky bit (any bit below it): round up when the remainder is above half
+            # (guard and sticky) or exactly half and q odd. A shift past the top of pre needs
+            # no sign extension for the sticky bit: then q is 0 (guard 0: no rounding) or -1
+            # (odd: sticky does not matter).
+            m.d.comb += [
+                # Bit 0 of (pre * 2) >> shift is bit shift-1 of pre; 0 for shift 0.
+                guard_shifted.eq(Cat(Const(0, 1), pre).as_signed() >> self.shift),
+                # Bit i of (ones << shift) >> 1 is set when i >= shift - 1; the rest are the
+                # bits below the guard (none for shift 0 or 1).
+                below_guard.eq(~(ones << self.shift)[1:pre_bits + 1]),
+            ]
+            guard = guard_shifted[0]
+            sticky = (pre.as_unsigned() & below_guard).any()
+            q = pre >> self.shift
+            m.d.sync += [quotient.eq(q), round_up.eq(guard & (sticky | q[0]))]
+
+            # Stage 4: round, the function, saturate to the output format.
+            m.d.comb += [
+                rounded.eq(quotient + round_up),
+                activated.eq(Mux((self.function == _RELU) & rounded[-1], 0, rounded)),
+                saturated.eq(Mux(activated < lo, lo, Mux(activated > hi, hi, activated))),
+            ]
+        return saturated
+
+    def _float_path(self, m, int_result):
+        """The float path's stages 1 to 3 and its cast; returns the stage 4 value of the
+        operation's path (the float code or ``int_result``)."""
+        fp32 = numerics.data_format("fp32").code
+        m.submodules.fp_multiplier = multiplier = FPMultiplier(formats=("fp32",), lanes=1)
+        m.submodules.fp_adder = adder = FPAdder(lanes=1)
+        m.submodules.fp_cast = cast = FPCast(formats=self._floats, lanes=1)
+        product = self._register(unsigned(32), "fp_product")      # stage 1
+        total = self._register(unsigned(32), "fp_sum")            # stage 2
+        activated = self._register(unsigned(32), "fp_activated")  # stage 3
+
+        # The units see zeros on the integer path: their combinational logic then does not
+        # toggle (Icarus re-evaluates every change, bit by bit).
+        m.d.comb += [
+            multiplier.format.eq(fp32),
+            multiplier.a[0].eq(Mux(self.is_float, self.x[:32], 0)),
+            multiplier.b[0].eq(Mux(self.is_float, self.multiplier.as_unsigned(), 0)),
+            adder.a[0].eq(product),
+            adder.b[0].eq(Mux(self.is_float, self.bias.as_unsigned(), 0)),
+            cast.format.eq(self.out_format),
+            cast.a[0].eq(activated),
+        ]
+        relu = self.function == _RELU
+        # relu(-0) = +0 and relu(-inf) = +0; a NaN (the adder's is canonical, sign 0, but
+        # the rule does not rely on it) passes unchanged.
+        nan = (total[23:31] == 0xFF) & (total[:23] != 0)
+        with m.If(self.advance):
+            m.d.sync += [product.eq(multiplier.product[0]), total.eq(adder.sum[0]),
+                         activated.eq(Mux(relu & total[31] & ~nan, 0, total))]
+        return Mux(self.is_float, cast.result[0], int_result)
