@@ -13,8 +13,6 @@ __all__ = ["ProcessingElement", "MAX_MACS"]
 
 #: Bits of an int8 element: the integer path reads the low byte of the element registers.
 _INT8_BITS = 8
-#: Bits of an E8M0 scale code (the MX formats).
-_SCALE_BITS = 8
 #: The most multiply-accumulates per cycle a PE can be built for, in one format.
 MAX_MACS = 16
 
@@ -161,9 +159,9 @@ class ProcessingElement(wiring.Component):
         }
         if self._mx:
             members.update({
-                "x_scale_in": In(_SCALE_BITS),
-                "x_scale_out": Out(_SCALE_BITS),
-                "weight_scale": In(_SCALE_BITS),
+                "x_scale_in": In(numerics.E8M0_BITS),
+                "x_scale_out": Out(numerics.E8M0_BITS),
+                "weight_scale": In(numerics.E8M0_BITS),
             })
         super().__init__(members)
 
@@ -185,7 +183,7 @@ class ProcessingElement(wiring.Component):
         weights = [Signal(unsigned(self._in_bits), name=f"weight{bank}", reset_less=True)
                    for bank in range(2)]
         # The E8M0 scale of each bank's weight (MX formats only).
-        scales = [Signal(_SCALE_BITS, name=f"weight_scale{bank}", reset_less=True)
+        scales = [Signal(numerics.E8M0_BITS, name=f"weight_scale{bank}", reset_less=True)
                   for bank in range(2)] if self._mx else []
 
         with m.If(self.weight_we):
@@ -197,7 +195,7 @@ class ProcessingElement(wiring.Component):
 
         weight = Signal(unsigned(self._in_bits))
         m.d.comb += weight.eq(Mux(self.bank_in, weights[1], weights[0]))
-        weight_scale = Signal(_SCALE_BITS)
+        weight_scale = Signal(numerics.E8M0_BITS)
         if self._mx:
             m.d.comb += weight_scale.eq(Mux(self.bank_in, scales[1], scales[0]))
 

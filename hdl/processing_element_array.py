@@ -12,8 +12,6 @@ from .processing_element import ProcessingElement
 
 __all__ = ["ProcessingElementArray"]
 
-#: Bits of an E8M0 scale code (the MX formats).
-_SCALE_BITS = 8
 
 
 def _is_pow2(value):
@@ -92,7 +90,7 @@ class ProcessingElementArray(wiring.Component):
         #: Bits per row of each member that has one field per row.
         self._row_bits = {"x": in_bits, "bank": 1, "format": numerics.FORMAT_CODE_BITS}
         if self._mx:
-            self._row_bits["x_scale"] = _SCALE_BITS
+            self._row_bits["x_scale"] = numerics.E8M0_BITS
         members = {"enable": In(1)}
         for name, bits in self._row_bits.items():
             members[f"{name}_in"] = In(unsigned(rows * bits))
@@ -105,7 +103,7 @@ class ProcessingElementArray(wiring.Component):
             "weight_data": In(unsigned(rows * in_bits)),
         })
         if self._mx:
-            members["weight_scale"] = In(unsigned(rows * _SCALE_BITS))
+            members["weight_scale"] = In(unsigned(rows * numerics.E8M0_BITS))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -150,7 +148,7 @@ class ProcessingElementArray(wiring.Component):
                 ]
                 if self._mx:
                     m.d.comb += part.weight_scale.eq(
-                        field(self.weight_scale, index, half["rows"] * _SCALE_BITS))
+                        field(self.weight_scale, index, half["rows"] * numerics.E8M0_BITS))
             m.d.comb += [first.psum_in.eq(self.psum_in), second.psum_in.eq(first.psum_out),
                          self.psum_out.eq(second.psum_out)]
         else:

@@ -15,8 +15,6 @@ from .processing_element_array import ProcessingElementArray
 __all__ = ["TensorEngine", "formats", "mx_blocks", "mx_block_rows", "stationary_layout",
            "moving_layout", "result_layout"]
 
-#: Bits of an E8M0 scale code (the MX formats).
-_SCALE_BITS = 8
 
 
 def formats(config):
@@ -28,7 +26,7 @@ def formats(config):
 
 def _scale_fields(config):
     blocks = mx_blocks(config)
-    return {"scale": data.ArrayLayout(unsigned(_SCALE_BITS), blocks)} if blocks else {}
+    return {"scale": data.ArrayLayout(unsigned(numerics.E8M0_BITS), blocks)} if blocks else {}
 
 
 def _element_shape(config):

@@ -33,6 +33,8 @@ finds them.
 from collections import deque
 from dataclasses import dataclass
 
+from amaranth.utils import exact_log2
+
 from opentrn import isa, numerics
 from opentrn.hdl.activation_engine import STAGES as ACT_STAGES
 from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
@@ -384,7 +386,7 @@ class _Core:
     def _tensor_accept(self, ins):
         f, width, seq = ins.fields, self.config.dma_bus_bytes, self.sequence
         fmt = numerics.format_of_code(f["format"])
-        size = (numerics.column_bytes(self.config, fmt.name)).bit_length() - 1
+        size = exact_log2(numerics.column_bytes(self.config, fmt.name))
         if ins.opcode == Opcode.LOAD_STATIONARY:
             self.loads.queue.append(_place(f["sbuf_offset"], f["cols"], size, width, seq,
                                            mx=fmt.mx))

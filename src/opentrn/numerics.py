@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
            "data_format", "FLOAT_FORMATS", "FP32", "BF16", "FP8E4M3", "FP8E5M2",
-           "MX_BLOCK", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
+           "MX_BLOCK", "E8M0_BITS", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
            "to_bits", "from_bits", "bit_length", "mx_blocks", "mx_block_rows", "mx_rate",
            "column_bytes"]
 
@@ -94,6 +94,8 @@ FLOAT_FORMATS = {f.name: f for f in (FP32, BF16, FP8E4M3, FP8E5M2)}
 
 #: Elements along K that share one E8M0 scale in the MX formats.
 MX_BLOCK = 32
+#: Bits of an E8M0 scale code (the MX formats' shared scale).
+E8M0_BITS = 8
 E8M0_BIAS = 127
 E8M0_NAN = 255
 
