@@ -2,9 +2,10 @@
 and the round-robin arbiter, grant for grant.
 
 The image is a ``uint8`` array ``[partitions, depth * word_bytes]``: row ``p`` is partition
-``p``'s bytes, word ``w`` at byte offset ``w * word_bytes``. Strobes are given as the
-hardware takes them: one integer per partition (or one for a word write), bit ``b``
-enabling byte ``b`` of the word.
+``p``'s bytes, word ``w`` at byte offset ``w * word_bytes``, vector word ``v`` (the vector
+ports' unit, ``vector_bytes``) at ``v * vector_bytes``. Strobes are given as the hardware
+takes them: one integer per partition (or one for a word write), bit ``b`` enabling byte
+``b`` of the word.
 """
 
 import numpy as np
@@ -37,37 +38,50 @@ def _check_strobe(name, value, word_bytes):
 
 
 class PartitionedMemory:
-    """``partitions`` x ``depth`` words of ``word_bytes`` bytes, all zero at first."""
+    """``partitions`` x ``depth`` words of ``word_bytes`` bytes, all zero at first; the vector
+    ports see vector words of ``vector_bytes`` (default ``word_bytes``)."""
 
-    def __init__(self, *, partitions, word_bytes, depth):
+    def __init__(self, *, partitions, word_bytes, depth, vector_bytes=None):
+        vector_bytes = word_bytes if vector_bytes is None else vector_bytes
         for name, value in (("partitions", partitions), ("word_bytes", word_bytes),
-                            ("depth", depth)):
+                            ("depth", depth), ("vector_bytes", vector_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if word_bytes % vector_bytes:
+            raise ValueError(f"vector_bytes={vector_bytes}: must divide "
+                             f"word_bytes={word_bytes}")
         self.partitions, self.word_bytes, self.depth = partitions, word_bytes, depth
+        self.vector_bytes = vector_bytes
+        self.vector_depth = depth * word_bytes // vector_bytes
         self.image = np.zeros((partitions, depth * word_bytes), dtype=np.uint8)
 
     def _span(self, word):
         word = _check_index("word", word, self.depth)
         return slice(word * self.word_bytes, (word + 1) * self.word_bytes)
 
+    def _vector_span(self, word):
+        word = _check_index("word", word, self.vector_depth)
+        return slice(word * self.vector_bytes, (word + 1) * self.vector_bytes)
+
     def vector_read(self, word):
-        """The word at index ``word`` of every partition: ``uint8 [partitions, word_bytes]``."""
-        return self.image[:, self._span(word)].copy()
+        """The vector word at index ``word`` of every partition:
+        ``uint8 [partitions, vector_bytes]``."""
+        return self.image[:, self._vector_span(word)].copy()
 
     def vector_write(self, word, data, strobe=None):
-        """Write ``data`` (``[partitions, word_bytes]`` bytes) at index ``word`` of every
-        partition, only the bytes that ``strobe`` (one mask per partition; default all)
-        enables."""
-        span = self._span(word)
-        data = _check_bytes("data", data, (self.partitions, self.word_bytes))
+        """Write ``data`` (``[partitions, vector_bytes]`` bytes) at vector word ``word`` of
+        every partition, only the bytes that ``strobe`` (one mask per partition; default
+        all) enables."""
+        span = self._vector_span(word)
+        width = self.vector_bytes
+        data = _check_bytes("data", data, (self.partitions, width))
         if strobe is None:
-            enable = np.ones((self.partitions, self.word_bytes), dtype=bool)
+            enable = np.ones((self.partitions, width), dtype=bool)
         else:
             if len(strobe) != self.partitions:
                 raise ValueError(f"strobe has {len(strobe)} masks: must have one per "
                                  f"partition ({self.partitions})")
-            enable = np.array([_check_strobe(f"strobe[{p}]", mask, self.word_bytes)
+            enable = np.array([_check_strobe(f"strobe[{p}]", mask, width)
                                for p, mask in enumerate(strobe)])
         target = self.image[:, span]
         target[enable] = data[enable]

@@ -2,7 +2,7 @@
 
 from .partitioned_memory import PartitionedMemory
 
-__all__ = ["SBUF", "geometry"]
+__all__ = ["SBUF", "geometry", "vector_geometry"]
 
 
 def geometry(config):
@@ -13,13 +13,22 @@ def geometry(config):
             config.sbuf_bytes_per_partition // word_bytes)
 
 
+def vector_geometry(config):
+    """``(partitions, vector_bytes, vector_depth)``: the engines' view, vector words of
+    ``Config.vector_word_bytes``."""
+    vector_bytes = config.vector_word_bytes
+    return (config.sbuf_partitions, vector_bytes,
+            config.sbuf_bytes_per_partition // vector_bytes)
+
+
 class SBUF(PartitionedMemory):
     """``image[p, b]`` is byte ``b`` of partition ``p``. The engine ports read and write
-    vectors (one word index, every partition); the DMA ports single words."""
+    vectors (one vector word index, every partition); the DMA ports single words."""
 
     def __init__(self, config):
         partitions, word_bytes, depth = geometry(config)
-        super().__init__(partitions=partitions, word_bytes=word_bytes, depth=depth)
+        super().__init__(partitions=partitions, word_bytes=word_bytes, depth=depth,
+                         vector_bytes=config.vector_word_bytes)
         self.config = config
 
     def te_read(self, word):

@@ -61,17 +61,18 @@ def _check_vector_width(config):
     from amaranth.hdl import Shape
 
     from .partitioned_memory import vector_write_layout
-    from .sbuf import geometry
+    from .sbuf import vector_geometry
 
-    partitions, word_bytes, depth = geometry(config)
-    bits = Shape.cast(vector_write_layout(partitions, word_bytes, depth)).width
+    partitions, vector_bytes, depth = vector_geometry(config)
+    bits = Shape.cast(vector_write_layout(partitions, vector_bytes, depth)).width
     if bits > MAX_SIGNAL_BITS:
         raise ConfigError(
-            f"sbuf_partitions={partitions}, dma_bus_bytes={word_bytes}: the SBUF's vector "
-            f"write (a {word_bytes}-byte word and its byte strobes in each of {partitions} "
-            f"partitions) is {bits:,} bits, wider than the {MAX_SIGNAL_BITS:,} bits of a "
-            "Verilog vector Amaranth can write (about 9 x sbuf_partitions x dma_bus_bytes "
-            "bits must fit); the tensor engine builds at any size")
+            f"sbuf_partitions={partitions}: the SBUF's vector write (a {vector_bytes}-byte "
+            f"vector word, Config.vector_word_bytes, and its byte strobes in each of "
+            f"{partitions} partitions) is {bits:,} bits, wider than the "
+            f"{MAX_SIGNAL_BITS:,} bits of a Verilog vector Amaranth can write (about "
+            "9 x sbuf_partitions x vector_word_bytes bits must fit); the tensor engine "
+            "builds at any size")
 
 
 def toplevel(name, config):

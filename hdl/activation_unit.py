@@ -12,8 +12,10 @@ from opentrn import isa, numerics
 
 from . import psum as psum_mod
 from . import sbuf as sbuf_mod
-from .activation_engine import PARAM_BITS, ActivationEngine, float_outputs
+from .activation_engine import OUT_BITS, PARAM_BITS, ActivationEngine, float_outputs
 from .activation_engine import _check_config as check_engine_config
+from .activation_unit_lane import ActivationUnitLane
+from .hierarchy import shared
 from .partitioned_memory import (
     read_signature,
     vector_request_layout,
@@ -110,9 +112,9 @@ class ActivationUnit(wiring.Component):
 
     1. With ``bias = 1``: one SBUF read of the word holding ``bias_offset``; lane ``p``'s
        bias is the little-endian 32 bits at byte ``bias_offset % W`` of partition ``p``
-       (``W = dma_bus_bytes``; ``bias_offset`` is 4-aligned and ``W >= 4``, so it lies in
-       one word): an int32 on the integer path, an FP32 on the float path. Without bias
-       the lanes' bias is 0 (int 0, FP32 ``+0``).
+       (``W = Config.vector_word_bytes``, the SBUF's vector word; ``bias_offset`` is
+       4-aligned and ``W >= 4``, so it lies in one word): an int32 on the integer path, an
+       FP32 on the float path. Without bias the lanes' bias is 0 (int 0, FP32 ``+0``).
     2. The ``n`` input vectors: PSUM entries ``psum_entry + j`` of ``psum_bank`` (one read
        each; on the float path their 32 bits are FP32 codes), or (integer path only) the
        int8 SBUF bytes ``src_offset + j`` sign-extended to ``acc_bits`` (each SBUF word
@@ -179,7 +181,7 @@ class ActivationUnit(wiring.Component):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
             raise
         self._config = config
-        partitions, word_bytes, depth = sbuf_mod.geometry(config)
+        partitions, word_bytes, depth = sbuf_mod.vector_geometry(config)
         self._sbuf_geometry = partitions, word_bytes, depth
         layout = isa.layout(isa.Opcode.ACTIVATE)
         super().__init__({
@@ -226,13 +228,8 @@ class ActivationUnit(wiring.Component):
         reads_left = Signal(range(cfg.moving_max + 1))
         read_index = Signal(range(max(depth, cfg.psum_bank_entries)))
         in_flight = Signal()                     # a read was granted last cycle
-        # Input buffer: a slot holds a PSUM vector or an SBUF word of every lane; a register
-        # per lane and slot. (Here and below, per-lane values are separate signals, joined
-        # with Cat where a port takes all lanes: one wide signal assigned lane by lane costs
-        # elaboration time in the square of its width.)
-        lane_bits = max(cfg.acc_bits, 8 * width)
-        slots = [[Signal(lane_bits, name=f"slot{slot}_lane{p}") for slot in range(INPUT_SLOTS)]
-                 for p in range(lanes)]
+        # Input buffer: a slot holds a PSUM vector or an SBUF word of every lane, in the
+        # lanes' blocks (below).
         head = Signal(range(INPUT_SLOTS))
         tail = Signal(range(INPUT_SLOTS))
         level = Signal(range(INPUT_SLOTS + 1))
@@ -243,7 +240,6 @@ class ActivationUnit(wiring.Component):
         # assembled; the write register's "last of the instruction" flag.
         out_index = Signal(range(cfg.moving_max))
         out_address = Signal(range(cfg.sbuf_bytes_per_partition + 1))
-        assembly = [Signal(8 * width, name=f"assembly_lane{p}") for p in range(lanes)]
         assembly_strobe = Signal(width)
         write_last = Signal()
         # Bytes of one result, decoded once per instruction.
@@ -251,6 +247,18 @@ class ActivationUnit(wiring.Component):
 
         src = ins.src
         last_index = ins.n - 1
+
+        # Each lane's slots, input value, bias word and result assembly: one shared block
+        # per lane (activation_unit_lane.py), so the unit does not grow with the lanes.
+        # (Per-lane values are joined with Cat where a port takes all lanes: one wide signal
+        # assigned lane by lane costs elaboration time in the square of its width.)
+        result = engine.output
+        lane_blocks = []
+        for p in range(lanes):
+            block = ActivationUnitLane(slots=INPUT_SLOTS, word_bytes=width,
+                                       acc_bits=cfg.acc_bits, result_bits=OUT_BITS)
+            m.submodules[f"lane_{p}"] = shared(block)
+            lane_blocks.append(block)
 
         instruction = self.instruction
         read_req = self.sbuf_read.request
@@ -295,12 +303,9 @@ class ActivationUnit(wiring.Component):
                     m.next = "BIAS_RESPONSE"
             with m.State("BIAS_RESPONSE"):
                 m.d.comb += self.active.eq(1)
-                # The int32 of each lane is 4-aligned within the word.
-                slot = ins.bias_offset[2:byte_bits]
+                # The int32 of each lane is 4-aligned within the word (the lanes pick it).
                 with m.If(read_resp.valid):
-                    m.d.sync += bias.eq(Cat(
-                        read_resp.payload.data[p].as_value().word_select(slot, PARAM_BITS)
-                        for p in range(lanes)))
+                    m.d.sync += bias.eq(Cat(block.bias for block in lane_blocks))
                     m.next = "STREAM"
             with m.State("STREAM"):
                 m.d.comb += [self.active.eq(1), streaming.eq(1)]
@@ -331,30 +336,27 @@ class ActivationUnit(wiring.Component):
         pop = Signal()
         m.d.comb += push.eq(streaming & Mux(src, read_resp.valid, psum_resp.valid))
         with m.If(push):
-            for p in range(lanes):
-                for slot in range(INPUT_SLOTS):
-                    with m.If(tail == slot):
-                        m.d.sync += slots[p][slot].eq(
-                            Mux(src, read_resp.payload.data[p].as_value(),
-                                psum_resp.payload.data[p].as_unsigned()))
             m.d.sync += tail.eq(Mux(tail == INPUT_SLOTS - 1, 0, tail + 1))
+        for block in lane_blocks:
+            m.d.comb += [
+                block.push.eq(push), block.push_at.eq(tail), block.src.eq(src),
+                block.head.eq(head), block.in_byte.eq(in_byte),
+            ]
+            if width > INT32_BYTES:
+                m.d.comb += block.bias_slot.eq(ins.bias_offset[2:byte_bits])
+        # Responses split into the lanes once (a Cat on the left; the SBUF's partitions
+        # beyond the lanes are not taken): a slice of a field of a wide signal per lane
+        # would rebuild the field's bits every time.
+        m.d.comb += [
+            Cat(block.sbuf_data for block in lane_blocks).eq(read_resp.payload.data),
+            Cat(block.psum_data for block in lane_blocks).eq(psum_resp.payload.data),
+        ]
 
         m.d.comb += [
             engine.input.valid.eq(level != 0),
             engine.input.payload.last.eq(in_index == last_index),
         ]
-        inputs = []
-        for p in range(lanes):
-            current = Signal(lane_bits, name=f"current_lane{p}")
-            with m.Switch(head):
-                for slot in range(INPUT_SLOTS):
-                    with m.Case(slot):
-                        m.d.comb += current.eq(slots[p][slot])
-            byte = current.word_select(in_byte, 8).as_signed()
-            value = Signal(signed(cfg.acc_bits), name=f"input_lane{p}")
-            m.d.comb += value.eq(Mux(src, byte, current[:cfg.acc_bits].as_signed()))
-            inputs.append(value)
-        m.d.comb += engine.input.payload.data.eq(Cat(inputs))
+        m.d.comb += engine.input.payload.data.eq(Cat(block.input for block in lane_blocks))
         take = engine.input.valid & engine.input.ready
         m.d.comb += self.busy.eq(take)
         with m.If(take):
@@ -368,7 +370,6 @@ class ActivationUnit(wiring.Component):
         m.d.sync += level.eq(level + push - pop)
 
         # -- engine -> assembly register -> write register -------------------------------
-        result = engine.output
         position = out_address[:byte_bits]
         # The result completes its word, or is the instruction's last: the word goes out.
         complete = Signal()
@@ -379,20 +380,13 @@ class ActivationUnit(wiring.Component):
         enable = Signal(width)
         m.d.comb += enable.eq(Mux(result_bytes == INT32_BYTES, 0b1111,
                                   Mux(result_bytes == 2, 0b11, 0b1)) << position)
-        merged = [Signal(8 * width, name=f"merged_lane{p}") for p in range(lanes)]
-        for p in range(lanes):
-            value = result.payload.data[p]
-            # A 1- or 2-byte result is the low bytes of the lane, repeated over 4 bytes and
-            # then over the word; it is aligned to its size, so the strobes pick its copy.
-            # (A signal: an expression used for every byte would be built once per byte.)
-            bytes4 = Signal(32, name=f"result_lane{p}")
-            m.d.comb += bytes4.eq(Mux(result_bytes == INT32_BYTES, value.as_unsigned(),
-                                      Mux(result_bytes == 2, value[:16].replicate(2),
-                                          value[:8].replicate(INT32_BYTES))))
-            m.d.comb += merged[p].eq(Cat(*[
-                Mux(enable[b], bytes4[8 * (b % 4):8 * (b % 4) + 8],
-                    assembly[p][8 * b:8 * b + 8])
-                for b in range(width)]))
+        hold = Signal()         # a result that does not complete its word: keep merging
+        m.d.comb += hold.eq(result.valid & result.ready & ~complete)
+        for block in lane_blocks:
+            m.d.comb += [block.result_bytes.eq(result_bytes), block.enable.eq(enable),
+                         block.hold.eq(hold)]
+        m.d.comb += Cat(block.result for block in lane_blocks).eq(result.payload.data)
+        merged = [block.merged for block in lane_blocks]
         merged_strobe = assembly_strobe | enable
 
         with m.If(write.valid & write.ready):
@@ -410,6 +404,5 @@ class ActivationUnit(wiring.Component):
                 m.d.sync += [write.payload.data.eq(Cat(merged)),
                              write.payload.strobe.eq(merged_strobe.replicate(lanes))]
             with m.Else():
-                m.d.sync += [*(a.eq(b) for a, b in zip(assembly, merged, strict=True)),
-                             assembly_strobe.eq(merged_strobe)]
+                m.d.sync += assembly_strobe.eq(merged_strobe)
         return m

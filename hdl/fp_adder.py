@@ -7,6 +7,8 @@ from amaranth.lib.wiring import In, Out
 
 from opentrn.numerics import CANONICAL_NAN32, FP32
 
+from .hierarchy import shared
+
 __all__ = ["FPAdder", "TEST_LANES", "unit_test_top"]
 
 #: Lanes of the build the unit testbench runs (:func:`unit_test_top`).
@@ -70,6 +72,8 @@ class FPAdder(wiring.Component):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
             raise
         self._lanes = lanes
+        #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`): a lane is shared.
+        self.shared_key = (lanes,)
         layout = data.ArrayLayout(unsigned(FP32.bits), lanes)
         super().__init__({
             "a": In(layout),
@@ -83,10 +87,20 @@ class FPAdder(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        # One assignment of the whole vector, not one per lane: Icarus merges the drivers of
-        # an output's slices again on every change of any of them (quadratic in the lanes).
-        m.d.comb += self.sum.eq(Cat(_add(m, self.a[lane], self.b[lane], f"lane{lane}")
-                                    for lane in range(self._lanes)))
+        if self._lanes == 1:
+            m.d.comb += self.sum[0].eq(_add(m, self.a[0], self.b[0], "lane0"))
+            return m
+        # One block per lane, all the same module (hierarchy.shared), so a 128-lane adder
+        # elaborates one lane. One assignment of the whole vector, not one per lane: Icarus
+        # merges the drivers of an output's slices again on every change of any of them
+        # (quadratic in the lanes).
+        lanes = []
+        for index in range(self._lanes):
+            lane = FPAdder(lanes=1)
+            m.submodules[f"lane_{index}"] = shared(lane)
+            m.d.comb += [lane.a[0].eq(self.a[index]), lane.b[0].eq(self.b[index])]
+            lanes.append(lane.sum[0])
+        m.d.comb += self.sum.eq(Cat(*lanes))
         return m
 
 

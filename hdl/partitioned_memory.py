@@ -1,9 +1,10 @@
 """A buffer of independent partitions (one SRAM each) with arbitrated stream ports: the
 common structure of the SBUF and the PSUM."""
 
-from amaranth import Cat, Format, Module, Mux, Shape, Signal, Value
+from amaranth import Cat, Format, Module, Shape, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from .hierarchy import shared
 from .memory_partition import MemoryPartition
@@ -132,8 +133,14 @@ class _RoundRobin:
 
 class PartitionedMemory(wiring.Component):
     """``partitions`` independent SRAMs of ``depth`` words of ``word_bytes`` bytes, with
-    stream request ports for whole vectors (the same word index in every partition, as
-    Trainium's engines access SBUF and PSUM) and for single words (the DMA engine).
+    stream request ports for whole vectors (the same vector word index in every partition,
+    as Trainium's engines access SBUF and PSUM) and for single words (the DMA engine).
+
+    Vector words. The vector ports see each word as ``word_bytes / vector_bytes`` vector
+    words of ``vector_bytes`` bytes (default: the whole word): vector word ``v`` of a
+    partition is bytes ``v * vector_bytes ..`` of it, in word ``v // (word_bytes /
+    vector_bytes)``. A vector is then at most ``partitions x vector_bytes`` bytes however
+    wide the DMA word is.
 
     Arbitration. Every memory has one arbitrated read port and one write port, addressed
     together, so one read and one write are granted per cycle, in parallel. Read requesters,
@@ -154,37 +161,37 @@ class PartitionedMemory(wiring.Component):
 
     Each partition is a :class:`~opentrn.hdl.memory_partition.MemoryPartition`, one
     Verilog module for all of them. ``depth`` and ``partitions`` need not be powers of two;
-    requests must name a word below ``depth`` (undefined otherwise). A word request naming
-    no partition writes nothing and reads zeros.
+    requests must name a word below ``depth`` (a vector word below ``vector_depth``;
+    undefined otherwise). A word request naming no partition writes nothing and reads zeros.
 
-    With ``rmw_port`` (used by the PSUM's read-modify-write), three more members: a
-    dedicated vector read port ``direct_read`` (not arbitrated; 1-cycle latency like the
-    others, old data on a same-cycle write), a ``priority_write`` that is always accepted
-    and pre-empts the arbitrated writers, and ``commit``, the write the memories take at
-    the end of the current cycle, so that a client can forward it.
+    With ``rmw_port`` (used by the PSUM's read-modify-write), two more members: a dedicated
+    vector read port ``direct_read`` (not arbitrated; 1-cycle latency like the others) and
+    a ``priority_write`` that is always accepted and pre-empts the arbitrated writers.
+    ``direct_read`` returns the vector as it is after the write the memories take in the
+    cycle of the read (with ``rmw_forward``, the default), so a read-modify-write of one
+    word per cycle sees every earlier write; without it, the old data.
 
     Members
     -------
     vector_read : ``In(read_signature(vector_request_layout, ...)).array(vector_readers)``
-        ``request.payload.word``; ``response.payload.data[p]`` = word of partition ``p``.
+        ``request.payload.word`` (a vector word); ``response.payload.data[p]`` = vector
+        word of partition ``p``.
     vector_write : ``In(stream.Signature(vector_write_layout)).array(vector_writers)``
-        ``word``, ``data[p]``, ``strobe[p]`` (byte enables of partition ``p``).
+        ``word`` (a vector word), ``data[p]``, ``strobe[p]`` (byte enables of partition
+        ``p``).
     word_read : ``In(read_signature(word_request_layout, word_response_layout))``
         ``request.payload.{partition, word}``; ``response.payload.data``: that word.
     word_write : ``In(stream.Signature(word_write_layout))``
         ``partition``, ``word``, ``data``, ``strobe`` (byte enables).
-    direct_read : ``In(Signature({"word": Out(range(depth)), "data": In(vector_shape)}))``
+    direct_read : ``In(Signature({"word": Out(range(vector_depth)), "data": In(vector)}))``
         Only with ``rmw_port``. ``data`` is the vector at the ``word`` of the previous cycle.
     priority_write : ``In(stream.Signature(vector_write_layout, always_ready=True))``
         Only with ``rmw_port``.
-    commit : ``Out(stream.Signature(vector_write_layout, always_ready=True))``
-        Only with ``rmw_port``: valid when a write takes effect at the end of this cycle;
-        ``data``/``strobe`` as written (a word write shows its data in every partition and
-        its strobe in its own).
     """
 
     def __init__(self, *, partitions, word_bytes, depth, vector_readers, vector_writers,
-                 rmw_port=False):
+                 vector_bytes=None, rmw_port=False, rmw_forward=True):
+        vector_bytes = word_bytes if vector_bytes is None else vector_bytes
         try:
             _check_int("partitions", partitions, 1)
             _check_int("word_bytes", word_bytes, 1)
@@ -192,6 +199,10 @@ class PartitionedMemory(wiring.Component):
                 # A byte offset splits into a word index and a byte lane only for a power
                 # of two.
                 raise ValueError(f"word_bytes={word_bytes!r}: must be a power of two")
+            _check_int("vector_bytes", vector_bytes, 1)
+            if not _is_pow2(vector_bytes) or vector_bytes > word_bytes:
+                raise ValueError(f"vector_bytes={vector_bytes!r}: must be a power of two of "
+                                 f"at most word_bytes={word_bytes}")
             _check_int("depth", depth, 1)
             _check_int("vector_readers", vector_readers, 0)
             _check_int("vector_writers", vector_writers, 0)
@@ -199,13 +210,15 @@ class PartitionedMemory(wiring.Component):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
             raise
         self.partitions, self.word_bytes, self.depth = partitions, word_bytes, depth
+        self.vector_bytes = vector_bytes
+        self.vector_depth = depth * (word_bytes // vector_bytes)
         self.vector_readers, self.vector_writers = vector_readers, vector_writers
-        self.rmw_port = bool(rmw_port)
-        vector = vector_shape(partitions, word_bytes)
-        write = vector_write_layout(partitions, word_bytes, depth)
+        self.rmw_port, self.rmw_forward = bool(rmw_port), bool(rmw_forward)
+        vector = vector_shape(partitions, vector_bytes)
+        write = vector_write_layout(partitions, vector_bytes, self.vector_depth)
         members = {
-            "vector_read": In(read_signature(vector_request_layout(depth),
-                                             vector_response_layout(partitions, word_bytes))
+            "vector_read": In(read_signature(vector_request_layout(self.vector_depth),
+                                             vector_response_layout(partitions, vector_bytes))
                               ).array(vector_readers),
             "vector_write": In(stream.Signature(write)).array(vector_writers),
             "word_read": In(read_signature(word_request_layout(partitions, depth),
@@ -215,19 +228,20 @@ class PartitionedMemory(wiring.Component):
         }
         if self.rmw_port:
             members["direct_read"] = In(wiring.Signature({
-                "word": Out(range(depth)), "data": In(vector)}))
+                "word": Out(range(self.vector_depth)), "data": In(vector)}))
             members["priority_write"] = In(stream.Signature(write, always_ready=True))
-            members["commit"] = Out(stream.Signature(write, always_ready=True))
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        parts, width = self.partitions, self.word_bytes
+        parts = self.partitions
+        lane_bits = exact_log2(self.word_bytes // self.vector_bytes)
         # One SRAM block per partition, all the same module (hierarchy.shared).
         srams = []
         for p in range(parts):
-            sram = MemoryPartition(word_bytes=width, depth=self.depth,
-                                   second_read=self.rmw_port)
+            sram = MemoryPartition(word_bytes=self.word_bytes, depth=self.depth,
+                                   vector_bytes=self.vector_bytes, second_read=self.rmw_port,
+                                   second_transparent=self.rmw_forward)
             m.submodules[f"partition_{p}"] = shared(sram)
             srams.append(sram)
 
@@ -241,12 +255,21 @@ class PartitionedMemory(wiring.Component):
         readers = [*self.vector_read, self.word_read]
         reads = _RoundRobin(m, "read", [r.request.valid for r in readers])
         address = Signal(range(self.depth))
-        for index, reader in enumerate(readers):
+        # The lane of a vector word within its word (none when vector words are words: no
+        # 0-bit signals, which Verilog lacks).
+        lane = [Signal(lane_bits, name="lane")] if lane_bits else []
+        for index, reader in enumerate(self.vector_read):
             m.d.comb += reader.request.ready.eq(reads.grant[index])
             with m.If(reads.grant[index]):
-                m.d.comb += address.eq(reader.request.payload.word)
+                # A vector word index is its lane (low bits) and its word.
+                m.d.comb += Cat(*lane, address).eq(reader.request.payload.word)
+        m.d.comb += self.word_read.request.ready.eq(reads.grant[-1])
+        with m.If(reads.grant[-1]):
+            m.d.comb += address.eq(self.word_read.request.payload.word)
         for sram in srams:
             m.d.comb += [sram.read_addr.eq(address), sram.read_en.eq(reads.any)]
+            if lane_bits:
+                m.d.comb += sram.read_lane.eq(lane[0])
 
         # The response goes to last cycle's winner; a word read picks its partition.
         responding = Signal(len(readers))
@@ -261,7 +284,7 @@ class PartitionedMemory(wiring.Component):
             # piece by piece (here and below: a 10x faster simulation).
             with m.If(responding[index]):
                 m.d.comb += reader.response.payload.data.eq(
-                    vector(sram.read_data for sram in srams))
+                    vector(sram.read_vector for sram in srams))
         m.d.comb += self.word_read.response.valid.eq(responding[-1])
         with m.Switch(partition):
             for p, sram in enumerate(srams):
@@ -272,34 +295,42 @@ class PartitionedMemory(wiring.Component):
         writers = [*self.vector_write, self.word_write]
         writes = _RoundRobin(m, "write", [w.valid for w in writers],
                              enable=~self.priority_write.valid if self.rmw_port else 1)
-        commit = Signal(vector_write_layout(parts, width, self.depth))
-        committed = Signal()
         for index, writer in enumerate(writers):
             m.d.comb += writer.ready.eq(writes.grant[index])
+        # The vector write the memories take this cycle (none: all strobes 0), or the word.
+        committed = Signal(vector_write_layout(parts, self.vector_bytes, self.vector_depth))
+        row = Signal(range(self.depth))
+        write_lane = [Signal(lane_bits, name="write_lane")] if lane_bits else []
+        word = self.word_write.payload
         if self.rmw_port:
             with m.If(self.priority_write.valid):
-                m.d.comb += [committed.eq(1), commit.eq(self.priority_write.payload)]
+                m.d.comb += committed.eq(self.priority_write.payload)
         for index, writer in enumerate(self.vector_write):
             with m.If(writes.grant[index]):
-                m.d.comb += [committed.eq(1), commit.eq(writer.payload)]
+                m.d.comb += committed.eq(writer.payload)
+        vector_commit = Signal()
+        m.d.comb += [Cat(*write_lane, row).eq(committed.word),
+                     vector_commit.eq(~writes.grant[-1])]
         with m.If(writes.grant[-1]):
-            word = self.word_write.payload
-            m.d.comb += [
-                committed.eq(1), commit.word.eq(word.word),
-                commit.data.eq(vector([word.data] * parts)),
-                commit.strobe.eq(vector(Mux(word.partition == p, word.strobe, 0)
-                                        for p in range(parts))),
-            ]
+            m.d.comb += row.eq(word.word)
         for p, sram in enumerate(srams):
-            with m.If(committed):                   # one process, as for the responses
-                m.d.comb += [
-                    sram.write_addr.eq(commit.word),
-                    sram.write_data.eq(commit.data[p]),
-                    sram.write_en.eq(commit.strobe[p]),
-                ]
+            if lane_bits:
+                m.d.comb += sram.write_lane.eq(write_lane[0])
+            m.d.comb += [
+                sram.write_addr.eq(row),
+                sram.write_word.eq(writes.grant[-1]),
+                sram.write_data.eq(word.data), sram.write_en.eq(word.strobe),
+                sram.write_hit.eq(word.partition == p),
+            ]
+        # Split once into the partitions' ports (a Cat on the left): a slice of a field of a
+        # wide signal per partition would rebuild the field's bits every time.
+        with m.If(vector_commit):                   # one process, as for the responses
+            m.d.comb += [Cat(sram.write_vector for sram in srams).eq(committed.data),
+                         Cat(sram.write_vector_en for sram in srams).eq(committed.strobe)]
 
         if self.rmw_port:
-            m.d.comb += [sram.second_addr.eq(self.direct_read.word) for sram in srams]
-            m.d.comb += [self.direct_read.data.eq(vector(sram.second_data for sram in srams)),
-                         self.commit.valid.eq(committed), self.commit.payload.eq(commit)]
+            direct = self.direct_read.word
+            m.d.comb += [Cat(sram.second_lane if lane_bits else [], sram.second_addr).eq(direct)
+                         for sram in srams]
+            m.d.comb += self.direct_read.data.eq(vector(sram.second_vector for sram in srams))
         return m

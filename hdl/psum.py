@@ -1,7 +1,7 @@
 """The partial-sum buffer (PSUM): where the tensor engine writes and accumulates its
 results, one partition per array column."""
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In
 from amaranth.utils import exact_log2
@@ -77,13 +77,15 @@ class PSUM(wiring.Component):
       written with the entry's 4 byte enables in every partition; a read granted from
       cycle ``t + 2`` on returns it.
 
-    The hazard: the read of cycle ``t`` returns the word as it was before the write the
-    memories take at the end of cycle ``t`` (the previous beat's write-back, or a granted
-    ``dma_write``). That write is captured in cycle ``t`` and merged byte by byte (by its
-    strobes) into the read data in cycle ``t + 1``, so the result equals applying every write
+    The hazard: a plain read in cycle ``t`` would return the word as it was before the write
+    the memories take at the end of cycle ``t`` (the previous beat's write-back, or a granted
+    ``dma_write``). The pipeline's read port is transparent to the write port
+    (:class:`~opentrn.hdl.memory_partition.MemoryPartition`, ``second_transparent``): the
+    bytes that write enables are read as written, so the result equals applying every write
     in commit order: back-to-back accumulates to one entry lose nothing, and neither does a
     ``dma_write`` committed in the cycle of the read. No other write can intervene: in cycle
-    ``t + 1`` the write port belongs to the pipeline.
+    ``t + 1`` the write port belongs to the pipeline. The pipeline reads and writes vector
+    words of ``Config.vector_word_bytes`` (V) bytes, ``V / 4`` entries each.
 
     The other ports share one arbitrated read port (round-robin between ``act_read`` and
     ``dma_read``: a waiting reader is granted within 1 cycle) and the write port
@@ -107,8 +109,8 @@ class PSUM(wiring.Component):
         ``partition``, ``word``, ``data``: ``ArrayLayout(8, W)``, ``strobe``: W bits.
     """
 
-    #: Forward the write committed in the cycle of the read-modify-write's read. Only a test
-    #: turns it off, to show the hazard is real.
+    #: Read the write committed in the cycle of the read-modify-write's read (a transparent
+    #: read port). Only a test turns it off, to show the hazard is real.
     _forward = True
 
     def __init__(self, *, config):
@@ -129,25 +131,27 @@ class PSUM(wiring.Component):
     def elaborate(self, platform):
         cfg = self._config
         partitions, word_bytes, depth = self._geometry
+        vector_bytes = cfg.vector_word_bytes
         acc_bits, entry_bits = cfg.acc_bits, 8 * ENTRY_BYTES
-        slot_bits = exact_log2(word_bytes // ENTRY_BYTES)
+        slot_bits = exact_log2(vector_bytes // ENTRY_BYTES)
         m = Module()
         m.submodules.memory = memory = PartitionedMemory(
             partitions=partitions, word_bytes=word_bytes, depth=depth,
-            vector_readers=1, vector_writers=0, rmw_port=True)
+            vector_bytes=vector_bytes, vector_readers=1, vector_writers=0, rmw_port=True,
+            rmw_forward=self._forward)
         wiring.connect(m, wiring.flipped(self.dma_read), memory.word_read)
         wiring.connect(m, wiring.flipped(self.dma_write), memory.word_write)
 
         def locate(request):
-            """(word, slot) of an entry: the index is bank * entries + entry, both powers
-            of two, so the concatenation is the index."""
+            """(vector word, slot) of an entry: the index is bank * entries + entry, both
+            powers of two, so the concatenation is the index."""
             index = Cat(request.entry, request.bank)
             return index[slot_bits:], index[:slot_bits]
 
         def entry_bits_of(word, slot):
-            return word.as_value().word_select(slot, entry_bits)
+            return Value.cast(word).word_select(slot, entry_bits)
 
-        # -- act_read: a vector read of the entry's word, then its slot ---------------------
+        # -- act_read: a vector read of the entry's vector word, then its slot -------------
         act, vector = self.act_read, memory.vector_read[0]
         act_word, act_slot = locate(act.request.payload)
         m.d.comb += [
@@ -159,26 +163,26 @@ class PSUM(wiring.Component):
         response_slot = Signal(slot_bits)
         with m.If(act.request.valid & act.request.ready):
             m.d.sync += response_slot.eq(act_slot)
+        # The response split into partitions once (a Cat on the left): a slice of a field of
+        # a wide signal per partition would rebuild the field's bits every time.
+        act_words = [Signal(8 * vector_bytes, name=f"act_word_{p}") for p in range(partitions)]
+        m.d.comb += Cat(*act_words).eq(vector.response.payload.data)
         with m.If(act.response.valid):        # one Verilog process, as in stage 1 below
-            for p in range(partitions):
-                stored = entry_bits_of(vector.response.payload.data[p], response_slot)
-                m.d.comb += act.response.payload.data[p].eq(stored[:acc_bits])
+            m.d.comb += act.response.payload.data.eq(Cat(
+                entry_bits_of(word, response_slot)[:acc_bits] for word in act_words))
 
-        # -- te_write stage 0: accept, read the word, capture this cycle's commit ----------
+        # -- te_write stage 0: accept, read the entry's vector word ------------------------
+        # The memory's direct read includes the write it takes in this cycle (rmw_forward).
         te = self.te_write
         te_word, te_slot = locate(te.payload)
         m.d.comb += [te.ready.eq(1), memory.direct_read.word.eq(te_word)]
 
         s1_valid = Signal()
-        s1_word = Signal(range(depth))
+        s1_word = Signal.like(te_word)
         s1_slot = Signal(slot_bits)
         s1_data = Signal(_values_shape(cfg))
         s1_accumulate = Signal()
         s1_float = Signal()
-        s1_hit = Signal()           # the commit of cycle t wrote this word
-        s1_forward = Signal(data.ArrayLayout(entry_bits, partitions))
-        s1_forward_en = Signal(data.ArrayLayout(ENTRY_BYTES, partitions))
-        commit = memory.commit
         m.d.sync += [
             s1_valid.eq(te.valid),
             s1_word.eq(te_word),
@@ -186,25 +190,13 @@ class PSUM(wiring.Component):
             s1_data.eq(te.payload.data),
             s1_accumulate.eq(te.payload.accumulate),
             s1_float.eq(te.payload.float),
-            s1_hit.eq(commit.valid & (commit.payload.word == te_word) & int(self._forward)),
         ]
-        for p in range(partitions):
-            m.d.sync += [
-                s1_forward[p].eq(entry_bits_of(commit.payload.data[p], te_slot)),
-                s1_forward_en[p].eq(commit.payload.strobe[p].word_select(te_slot,
-                                                                         ENTRY_BYTES)),
-            ]
 
         # -- te_write stage 1: merge, add, write back --------------------------------------
         write = memory.priority_write
         m.d.comb += [write.valid.eq(s1_valid), write.payload.word.eq(s1_word)]
-        merged = []
-        for p in range(partitions):
-            read = entry_bits_of(memory.direct_read.data[p], s1_slot)
-            merged.append(Cat(*[
-                Mux(s1_hit & s1_forward_en[p][byte],
-                    s1_forward[p][8 * byte:8 * byte + 8], read[8 * byte:8 * byte + 8])
-                for byte in range(ENTRY_BYTES)]))
+        merged = [entry_bits_of(memory.direct_read.data[p], s1_slot)
+                  for p in range(partitions)]
         fp_sum = None
         if numerics.float_formats(cfg):
             # acc_bits is 32 with a float format (Config), so an entry is one FP32 code.
@@ -217,6 +209,11 @@ class PSUM(wiring.Component):
                     adder.a.eq(Cat(*merged)),
                     adder.b.eq(s1_data),
                 ]
+        # The entry's 4 bytes in every partition (every slot carries the value).
+        strobe = Signal(vector_bytes)
+        m.d.comb += strobe.eq(Cat(*[(s1_slot == slot).replicate(ENTRY_BYTES)
+                                    for slot in range(vector_bytes // ENTRY_BYTES)]))
+        written = []
         for p in range(partitions):
             old = Signal(signed(acc_bits), name=f"old_{p}")
             new = Signal(signed(acc_bits), name=f"new_{p}")
@@ -238,11 +235,10 @@ class PSUM(wiring.Component):
                     # No integer format: every beat is FP32 (no integer adder is built).
                     m.d.comb += new.eq(Mux(s1_accumulate, fp_sum[p], s1_data[p]))
                 m.d.comb += stored.eq(new)      # sign-extends to 32 bits
-                m.d.comb += [
-                    # Every slot carries the value; the strobes pick the entry's 4 bytes.
-                    write.payload.data[p].eq(Cat(*[stored] * (word_bytes // ENTRY_BYTES))),
-                    write.payload.strobe[p].eq(
-                        Cat(*[(s1_slot == slot).replicate(ENTRY_BYTES)
-                              for slot in range(word_bytes // ENTRY_BYTES)])),
-                ]
+            written.append(stored.replicate(vector_bytes // ENTRY_BYTES))
+        # Whole vectors, one assignment each: an assignment to a slice of a signal costs
+        # Amaranth a pass over all the signal's bits, so one per partition is quadratic.
+        with m.If(s1_valid):
+            m.d.comb += [write.payload.data.eq(Cat(*written)),
+                         write.payload.strobe.eq(strobe.replicate(partitions))]
         return m

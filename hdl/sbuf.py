@@ -15,7 +15,7 @@ from .partitioned_memory import (
     word_write_layout,
 )
 
-__all__ = ["SBUF", "geometry"]
+__all__ = ["SBUF", "geometry", "vector_geometry"]
 
 
 def geometry(config):
@@ -25,14 +25,24 @@ def geometry(config):
             config.sbuf_bytes_per_partition // word_bytes)
 
 
+def vector_geometry(config):
+    """``(partitions, vector_bytes, vector_depth)``: the engines' view, vector words of
+    ``Config.vector_word_bytes``."""
+    vector_bytes = config.vector_word_bytes
+    return (config.sbuf_partitions, vector_bytes,
+            config.sbuf_bytes_per_partition // vector_bytes)
+
+
 class SBUF(wiring.Component):
     """``sbuf_partitions`` partitions of ``sbuf_bytes_per_partition`` bytes, stored as words
-    of ``dma_bus_bytes`` bytes (W).
+    of ``dma_bus_bytes`` bytes, each of ``dma_bus_bytes / V`` vector words of
+    ``V = Config.vector_word_bytes`` bytes (the whole word up to 32 bytes).
 
-    The engines read and write vectors: the word at one index in every partition. One index
-    for all partitions is Trainium's rule that all active partitions of an access use the
-    same free-axis offset; it lets every partition's SRAM share one address. The DMA engine
-    reads and writes single words of one partition.
+    The engines read and write vectors: the vector word at one index in every partition
+    (vector word ``v`` is bytes ``v * V ..`` of the partition). One index for all partitions
+    is Trainium's rule that all active partitions of an access use the same free-axis
+    offset; it lets every partition's SRAM share one address. The DMA engine reads and
+    writes single words of one partition.
 
     Arbitration (:class:`~opentrn.hdl.partitioned_memory.PartitionedMemory`): one read and
     one write per cycle, in parallel. Reads are round-robin among ``te_read``, ``act_read``,
@@ -49,13 +59,14 @@ class SBUF(wiring.Component):
     -------
     te_read, act_read : ``In(read_signature(vector_request_layout, vector_response_layout))``
         Vector reads of the tensor engine and the activation engine: ``request.payload.word``
-        → ``response.payload.data``: ``ArrayLayout(ArrayLayout(8, W), sbuf_partitions)``.
+        (a vector word) → ``response.payload.data``:
+        ``ArrayLayout(ArrayLayout(8, V), sbuf_partitions)``.
     act_write : ``In(stream.Signature(vector_write_layout))``
         Vector writes of the activation engine: ``word``, ``data`` (as above), ``strobe``:
-        ``ArrayLayout(W, sbuf_partitions)`` byte enables.
+        ``ArrayLayout(V, sbuf_partitions)`` byte enables.
     dma_read : ``In(read_signature(word_request_layout, word_response_layout))``
         ``request.payload.{partition, word}`` → ``response.payload.data``:
-        ``ArrayLayout(8, W)``.
+        ``ArrayLayout(8, W)``, ``W = dma_bus_bytes``.
     dma_write : ``In(stream.Signature(word_write_layout))``
         ``partition``, ``word``, ``data``: ``ArrayLayout(8, W)``, ``strobe``: W bits.
     """
@@ -63,14 +74,15 @@ class SBUF(wiring.Component):
     def __init__(self, *, config):
         self._config = config
         partitions, word_bytes, depth = geometry(config)
+        _, vector_bytes, vector_depth = vector_geometry(config)
         self._geometry = partitions, word_bytes, depth
-        vector_read = read_signature(vector_request_layout(depth),
-                                     vector_response_layout(partitions, word_bytes))
+        vector_read = read_signature(vector_request_layout(vector_depth),
+                                     vector_response_layout(partitions, vector_bytes))
         super().__init__({
             "te_read": In(vector_read),
             "act_read": In(vector_read),
-            "act_write": In(stream.Signature(vector_write_layout(partitions, word_bytes,
-                                                                 depth))),
+            "act_write": In(stream.Signature(vector_write_layout(partitions, vector_bytes,
+                                                                 vector_depth))),
             "dma_read": In(read_signature(word_request_layout(partitions, depth),
                                           word_response_layout(word_bytes))),
             "dma_write": In(stream.Signature(word_write_layout(partitions, depth,
@@ -82,7 +94,7 @@ class SBUF(wiring.Component):
         m = Module()
         m.submodules.memory = memory = PartitionedMemory(
             partitions=partitions, word_bytes=word_bytes, depth=depth,
-            vector_readers=2, vector_writers=1)
+            vector_bytes=self._config.vector_word_bytes, vector_readers=2, vector_writers=1)
         flipped = wiring.flipped
         wiring.connect(m, flipped(self.te_read), memory.vector_read[0])
         wiring.connect(m, flipped(self.act_read), memory.vector_read[1])

@@ -10,6 +10,8 @@ from amaranth.utils import ceil_log2, exact_log2
 from opentrn import isa, numerics
 
 from . import psum, sbuf
+from .column_buffer import ColumnBuffer
+from .hierarchy import shared
 from .partitioned_memory import (
     read_signature,
     vector_request_layout,
@@ -46,7 +48,7 @@ def _common_job(config, count_max, *, columns=True):
     """The fields a column reader needs: the words to read and where the columns are
     (``columns``: of the build's formats, whose columns may be wider than a byte; else one
     byte each, as a scale reader's)."""
-    _, word_bytes, depth = sbuf.geometry(config)
+    _, word_bytes, depth = sbuf.vector_geometry(config)
     fields = {
         "first_word": range(depth), "last_word": range(depth),
         "lane": exact_log2(word_bytes),          # byte of column 0 within its word
@@ -130,7 +132,7 @@ class _ColumnReader:
 
     def __init__(self, m, name, *, config, layout, jobs, words, col_max, partitions,
                  element_bits):
-        all_partitions, word_bytes, depth = sbuf.geometry(config)
+        all_partitions, word_bytes, depth = sbuf.vector_geometry(config)
         self.push = Signal(name=f"{name}_push")
         self.push_job = Signal(layout, name=f"{name}_push_job")
         self.grant = Signal(name=f"{name}_grant")
@@ -186,40 +188,36 @@ class _ColumnReader:
                 m.d.sync += gen_index.eq(gen_index + 1)
         m.d.sync += to_generate.eq(to_generate + self.push - gen_done)
 
-        # -- word buffer ---------------------------------------------------------------------
-        buffer = [Signal(vector_shape(partitions, word_bytes), name=f"{name}_word_{i}")
-                  for i in range(words)]
+        # -- word buffer and extractor: one shared block per partition ------------------
         fill_at = Signal(range(words), name=f"{name}_fill")
         drain_at = Signal(range(words), name=f"{name}_drain")
         stored = Signal(range(words + 1), name=f"{name}_stored")
         with m.If(self.response):
-            for i in range(words):
-                with m.If(fill_at == i):
-                    m.d.sync += [buffer[i][p].eq(self.response_data[p])
-                                 for p in range(partitions)]
             m.d.sync += fill_at.eq(_wrap_increment(fill_at, words))
-
-        # -- extractor -----------------------------------------------------------------------
-        head = Signal(vector_shape(partitions, word_bytes), name=f"{name}_head")
         lane = Signal(exact_log2(word_bytes), name=f"{name}_lane")
         _select(m, self.job, queue, extract_at)
-        _select(m, head, buffer, drain_at)
         size = self.job.size if len(sizes) > 1 else 0
         m.d.comb += [
             lane.eq(self.job.lane + (self.col << size)),   # wraps within the word
             self.in_data.eq(self.col < self.job.count),
             self.word_ready.eq(stored != 0),
         ]
-        # Column bytes lane .. lane + 2**size - 1 (aligned: within the word).
-        with m.Switch(Cat(lane, size) if len(sizes) > 1 else lane):
-            for log2 in sizes:
-                width = 1 << log2
-                for byte in range(0, word_bytes, width):
-                    key = byte | (log2 << len(lane)) if len(sizes) > 1 else byte
-                    with m.Case(key):
-                        m.d.comb += [self.column[p].eq(
-                                         head[p].as_value()[8 * byte:8 * (byte + width)])
-                                     for p in range(partitions)]
+        columns = []
+        for p in range(partitions):
+            part = ColumnBuffer(word_bytes=word_bytes, words=words, sizes=len(sizes),
+                                element_bits=element_bits)
+            m.submodules[f"{name}_partition_{p}"] = shared(part)
+            m.d.comb += [
+                part.fill.eq(self.response), part.fill_at.eq(fill_at),
+                part.fill_data.eq(self.response_data[p]),
+                part.drain_at.eq(drain_at), part.lane.eq(lane),
+            ]
+            if len(sizes) > 1:
+                m.d.comb += part.size.eq(size)
+            columns.append(part.column)
+        # One assignment: one per partition into a slice would be quadratic (Amaranth
+        # passes over every bit of the signal per assignment).
+        m.d.comb += self.column.eq(Cat(*columns))
         # A word is done after its last column or the job's last column (the next job
         # reads its own words, even the same one).
         pop = Signal(name=f"{name}_pop")
@@ -248,10 +246,10 @@ class TensorUnit(wiring.Component):
     They share ``sbuf_read``, the older instruction first, so the next tile's columns are
     read and fed to the array's idle weight bank while the current matmul streams its moving
     vectors; the array keeps program order (a swap waits for the load, a load waits for the
-    swap before it). One SBUF read serves up to ``dma_bus_bytes / bytes`` columns, where
-    ``bytes`` is the column size of the instruction's ``format``
-    (``numerics.column_bytes``: ``macs_per_pe_cycle`` elements of 1 byte for int8 and FP8, 2
-    for BF16); the array takes one column per cycle in every format.
+    swap before it). One SBUF read (a vector word of ``Config.vector_word_bytes``) serves up
+    to ``vector_word_bytes / bytes`` columns, where ``bytes`` is the column size of the
+    instruction's ``format`` (``numerics.column_bytes``: ``macs_per_pe_cycle`` elements of
+    1 byte for int8 and FP8, 2 for BF16); the array takes one column per cycle in every format.
 
     * A load: ``pe_cols`` stationary beats, column ``m < cols`` the ``bytes`` bytes at
       ``sbuf_offset + m * bytes`` of partitions ``< rows`` (others 0), zero-extended to
@@ -309,7 +307,7 @@ class TensorUnit(wiring.Component):
             self._MustUse__silence = True     # refused, so it is not an unused elaboratable
             raise
         self._config = config
-        partitions, word_bytes, depth = sbuf.geometry(config)
+        partitions, word_bytes, depth = sbuf.vector_geometry(config)
         super().__init__({
             "instruction": In(stream.Signature(isa.layout(isa.Opcode.MATMUL))),
             "check": In(isa.layout(isa.Opcode.MATMUL)),
@@ -395,7 +393,7 @@ class TensorUnit(wiring.Component):
     def elaborate(self, platform):
         cfg = self._config
         k_rows, m_cols = cfg.pe_rows, cfg.pe_cols
-        _, word_bytes, _ = sbuf.geometry(cfg)
+        _, word_bytes, _ = sbuf.vector_geometry(cfg)
         lane_bits = exact_log2(word_bytes)
         offset_bits = ceil_log2(cfg.sbuf_bytes_per_partition)
         m = Module()
@@ -411,7 +409,7 @@ class TensorUnit(wiring.Component):
         sequence = Signal(_SEQUENCE_BITS)                 # of the next instruction
         self._check(m, loaded, load_pending, tile_format)
 
-        partitions = sbuf.geometry(cfg)[0]
+        partitions = sbuf.vector_geometry(cfg)[0]
         loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=LOAD_JOBS,
                               words=LOAD_WORDS, col_max=m_cols, partitions=partitions,
                               element_bits=cfg.in_bits)

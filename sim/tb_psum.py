@@ -152,7 +152,15 @@ def dma_write_beat(bench, rng, word, *, partition=None):
     parts, width, _ = bench.geometry
     return {"partition": int(rng.integers(parts)) if partition is None else partition,
             "word": int(word), "data": [int(b) for b in rng.integers(0, 256, width)],
-            "strobe": int(rng.integers(1, 1 << width))}
+            "strobe": nonzero_mask(rng, width)}
+
+
+def nonzero_mask(rng, bits):
+    """A random mask of ``bits`` bits, not 0 (built from bytes: a 64-byte word's strobe
+    does not fit numpy's int64)."""
+    mask = int.from_bytes(rng.integers(0, 256, (bits + 7) // 8).astype("uint8").tobytes(),
+                          "little") & ((1 << bits) - 1)
+    return mask or 1 << int(rng.integers(bits))
 
 
 def random_requests(bench, rng, ops):

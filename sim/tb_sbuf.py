@@ -265,8 +265,11 @@ class SBUFBench(MemoryBench):
             SBUFBench._golden = golden.SBUF(config)
         super().__init__(dut, SBUFBench._golden, seed=seed)
         parts, width, depth = golden.geometry(config)
+        _, vector_width, vector_depth = golden.vector_geometry(config)
         self.geometry = parts, width, depth
-        vector = (vector_request_layout(depth), vector_response_layout(parts, width))
+        self.vector_geometry = parts, vector_width, vector_depth
+        vector = (vector_request_layout(vector_depth),
+                  vector_response_layout(parts, vector_width))
         word = (word_request_layout(parts, depth), word_response_layout(width))
 
         def vector_read(model, request):
@@ -279,7 +282,7 @@ class SBUFBench(MemoryBench):
         self.read_port("te_read", *vector, vector_read, gaps=gaps)
         self.read_port("act_read", *vector, vector_read, gaps=gaps)
         self.read_port("dma_read", *word, word_read, gaps=gaps)
-        self.write_port("act_write", vector_write_layout(parts, width, depth),
+        self.write_port("act_write", vector_write_layout(parts, vector_width, vector_depth),
                         lambda model, r: model.vector_write(r["word"], r["data"], r["strobe"]),
                         gaps=gaps)
         self.write_port("dma_write", word_write_layout(parts, depth, width),
@@ -293,41 +296,50 @@ def random_requests(bench, rng, ops, hot_words=4):
     and writes of one word meet in one cycle), the rest anywhere; random bytes and strobes
     (a tenth all enabled, a twentieth none)."""
     parts, width, depth = bench.geometry
+    _, vector_width, _ = bench.vector_geometry
+    lanes = width // vector_width          # vector words per (DMA) word
     names = [*bench.reads, *bench.writes]
     hot = rng.choice(depth, size=min(hot_words, depth), replace=False)
 
     def word():
         return int(rng.choice(hot)) if rng.random() < 0.5 else int(rng.integers(depth))
 
-    def strobe():
+    def vector_word():
+        """A vector word in a word chosen as ``word()`` (so vector and word ports meet)."""
+        return word() * lanes + int(rng.integers(lanes))
+
+    def strobe(size):
         roll = rng.random()
         if roll < 0.1:
-            return (1 << width) - 1
-        return 0 if roll < 0.15 else int(rng.integers(1 << width))
+            return (1 << size) - 1
+        if roll < 0.15:
+            return 0
+        # Bit by bit: a 64-byte word's mask does not fit numpy's int64.
+        return sum(int(bit) << b for b, bit in enumerate(rng.integers(0, 2, size)))
 
-    def data():
-        return [int(b) for b in rng.integers(0, 256, width)]
+    def data(size):
+        return [int(b) for b in rng.integers(0, 256, size)]
 
     for _ in range(ops):
         name = names[int(rng.integers(len(names)))]
         if name in ("te_read", "act_read"):
-            bench.reads[name].request.send({"word": word()})
+            bench.reads[name].request.send({"word": vector_word()})
         elif name == "dma_read":
             bench.reads[name].request.send({"partition": int(rng.integers(parts)),
                                             "word": word()})
         elif name == "act_write":
-            bench.writes[name].request.send({"word": word(),
-                                             "data": [data() for _ in range(parts)],
-                                             "strobe": [strobe() for _ in range(parts)]})
+            bench.writes[name].request.send({
+                "word": vector_word(), "data": [data(vector_width) for _ in range(parts)],
+                "strobe": [strobe(vector_width) for _ in range(parts)]})
         else:
             bench.writes[name].request.send({"partition": int(rng.integers(parts)),
-                                             "word": word(), "data": data(),
-                                             "strobe": strobe()})
+                                             "word": word(), "data": data(width),
+                                             "strobe": strobe(width)})
 
 
 async def read_back(bench, port_name):
-    """Read every word through a vector read port; return the image it shows."""
-    parts, width, depth = bench.geometry
+    """Read every vector word through a vector read port; return the image it shows."""
+    parts, width, depth = bench.vector_geometry
     port = bench.reads[port_name]
     first = len(port.response.received)
     for word in range(depth):

@@ -26,7 +26,7 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: The random runs: presets tiny (int8 and the float formats) and small (int8 only), and
 #: builds with fewer lanes than SBUF partitions (their strobes must stay 0) and 4-byte SBUF
 #: words: one int8-only with 16-bit accumulators, one with the float formats (bf16 pairs
-#: and fp32 words in 4-byte SBUF words).
+#: and fp32 words in 4-byte SBUF words); and 32-byte SBUF vector words.
 BUILDS = {
     "tiny": config.preset("tiny"),
     "small": config.preset("small"),
@@ -34,10 +34,12 @@ BUILDS = {
                                             dtypes=("int8",), acc_bits=16),
     "narrow-float": config.preset("tiny").replace(pe_rows=8, sbuf_partitions=8,
                                                   dma_bus_bytes=4),
+    # trn3's 64-byte bus: 32-byte SBUF vector words (Config.vector_word_bytes).
+    "wide": config.preset("tiny").replace(dma_bus_bytes=64),
 }
 #: (instructions, read grant probability, write grant probability) per build.
 RUNS = {"tiny": (150, 0.6, 0.5), "small": (100, 0.7, 0.6), "narrow": (80, 0.5, 0.4),
-        "narrow-float": (80, 0.5, 0.4)}
+        "narrow-float": (80, 0.5, 0.4), "wide": (80, 0.6, 0.5)}
 
 #: FP32 codes the float inputs, scales and biases are weighted toward: zeros of both signs,
 #: infinities, NaNs (quiet, signalling, negative), the largest finite value, subnormals,
@@ -154,7 +156,7 @@ def random_instruction(cfg, rng):
     and at the end of the partition, in-place, shift 0 and 63, extreme multipliers; in a
     float build, half of them float (every float output format, FP32 scales and biases
     from the edge values, PSUM banks of FP32 codes)."""
-    b, w = cfg.sbuf_bytes_per_partition, cfg.dma_bus_bytes
+    b, w = cfg.sbuf_bytes_per_partition, cfg.vector_word_bytes
     floats = [fmt for fmt in _formats(cfg).values() if fmt.element is not None]
     while True:
         n = rng.choice([1, cfg.moving_max, rng.randint(1, cfg.moving_max)])
@@ -246,7 +248,7 @@ class Bench:
         dut = self.dut
         self.write_codec = PayloadCodec(dut.sbuf_write.payload.shape())
         self.psum_codec = PayloadCodec(dut.psum_read.request.payload.shape())
-        self.word_bits = 8 * cfg.dma_bus_bytes
+        self.word_bits = 8 * cfg.vector_word_bytes
         self.events = []        # (cycle, kind, detail)
         self.busy = []          # cycles with a vector entering the engine
         self.writes = 0
@@ -398,7 +400,7 @@ def test_random_programs(build):
     order = [(kind, index) for _, kind, index in bench.events if kind in ("accept", "retire")]
     assert order == [(kind, k) for k in range(len(program)) for kind in ("accept", "retire")]
     # Each SBUF source word read once per instruction, each PSUM entry once.
-    w = cfg.dma_bus_bytes
+    w = cfg.vector_word_bytes
     reads = [detail for _, kind, detail in bench.events if kind in ("psum_read", "sbuf_read")]
     expected_reads = []
     for f in program:
@@ -571,7 +573,7 @@ def test_fault_codes(build):
     rng = random.Random(3)
 
     def random_fields():
-        b, w = cfg.sbuf_bytes_per_partition, cfg.dma_bus_bytes
+        b, w = cfg.sbuf_bytes_per_partition, cfg.vector_word_bytes
 
         def near(limit, bits=32):
             # Below, at and just past the limit; now and then anything the field holds.

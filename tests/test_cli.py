@@ -41,18 +41,21 @@ def test_config_file_and_overrides(tmp_path, capsys):
      "opentrn run: error: --hidden=-3: must be at least 1"),
     (["run", "gemm", "--set", "pe_rows=8", "--sim", "icarus"],
      "opentrn run: error: sbuf_partitions=4: must equal pe_rows=8"),
-    (["demo", "--preset", "trn3", "--sim", "icarus"],
-     "opentrn demo: error: sbuf_partitions=128, dma_bus_bytes=64: the SBUF's vector write (a "
-     "64-byte word and its byte strobes in each of 128 partitions) is 73,740 bits, wider than "
-     "the 65,536 bits of a Verilog vector Amaranth can write (about 9 x sbuf_partitions x "
-     "dma_bus_bytes bits must fit); the tensor engine builds at any size"),
+    (["verilog", "--preset", "trn3", "--top", "sbuf", "--set", "pe_rows=256", "--set",
+      "sbuf_partitions=256"],
+     "opentrn verilog: error: sbuf_partitions=256: the SBUF's vector write (a 32-byte vector "
+     "word, Config.vector_word_bytes, and its byte strobes in each of 256 partitions) is "
+     "73,741 bits, wider than the 65,536 bits of a Verilog vector Amaranth can write (about "
+     "9 x sbuf_partitions x vector_word_bytes bits must fit); the tensor engine builds at any "
+     "size"),
     (["demo", "--preset", "trn3", "--set", "pe_rows=16", "--set", "pe_cols=16", "--set",
       "sbuf_partitions=16", "--sim", "icarus"],
      "opentrn demo: error: --dtype=int8: not among this build's formats, "
      "dtypes=bf16,fp8e4m3,fp8e5m2,mxfp8e4m3,mxfp8e5m2 (add it with --set dtypes=...)"),
     (["verilog", "--top", "core", "--set", "pe_macs_per_cycle=bf16:8"],
      "opentrn verilog: error: pe_macs_per_cycle=bf16:8: a column of bf16 is 8 x 2 = 16 bytes, "
-     "more than one SBUF word (dma_bus_bytes=8): the hardware reads a column from one word"),
+     "more than one SBUF vector word (8 bytes: dma_bus_bytes=8, at most 32): the hardware "
+     "reads a column from one"),
     (["verilog", "--top", "core", "--set", "pe_cols=8"],
      "opentrn verilog: error: pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
     (["verilog", "--preset", "trn3", "--top", "dma", "--set",

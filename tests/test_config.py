@@ -254,14 +254,15 @@ def test_the_hardware_builds_mac_rates_above_one():
     from opentrn.hdl import check
     for name in config.PRESETS:
         check("tensor_engine", config.preset(name))
-        if name not in ("trn2", "trn3"):    # their SBUF: tests/test_verilog.py
-            check("core", config.preset(name))
-    check("core", config.resolve("trn3", overrides=["pe_rows=64", "pe_cols=64",
-                                                    "sbuf_partitions=64"]))
+        check("core", config.preset(name))
     cfg = config.resolve("tiny", overrides=["pe_macs_per_cycle=fp8e4m3:2"])
     assert cfg.in_bits == 16 and check("core", cfg) is None
     with pytest.raises(ConfigError) as info:
         check("core", cfg.replace(pe_macs_per_cycle=("bf16:8",)))
     assert str(info.value) == (
         "pe_macs_per_cycle=bf16:8: a column of bf16 is 8 x 2 = 16 bytes, more than one SBUF "
-        "word (dma_bus_bytes=8): the hardware reads a column from one word")
+        "vector word (8 bytes: dma_bus_bytes=8, at most 32): the hardware reads a column "
+        "from one")
+    # The widest column there is (16 BF16 elements, 32 bytes) fits a 32-byte vector word:
+    # a 64-byte bus's.
+    assert check("core", cfg.replace(dma_bus_bytes=64, pe_macs_per_cycle=("bf16:16",))) is None

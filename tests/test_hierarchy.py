@@ -2,6 +2,7 @@
 and instances of the generated Verilog, the rules a shared block must keep, and that the
 Verilog behaves as Amaranth's own elaboration of the same design."""
 
+import random
 import re
 
 import pytest
@@ -178,6 +179,35 @@ def test_combinational_cycles_through_wide_cells_are_found():
 
     with pytest.raises(Exception, match="Combinational cycle detected"):
         hierarchy.convert(Loop(), name="loop")
+
+
+def test_memory_contents_are_written_as_amaranth_writes_them():
+    """The one-constant memory init (hierarchy._emit_memory_init) gives Amaranth's RTLIL
+    text, for zero and for random contents (rows of a signed shape too)."""
+    from amaranth import signed
+    from amaranth.back import rtlil
+    from amaranth.lib.memory import Memory
+
+    rng = random.Random(3)
+
+    class Block(wiring.Component):
+        def __init__(self, shape, init):
+            self.shape, self.init = shape, init
+            super().__init__({"addr": In(4), "data": Out(shape)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.memory = memory = Memory(shape=self.shape, depth=16, init=self.init)
+            read = memory.read_port(domain="comb")
+            m.d.comb += [read.addr.eq(self.addr), self.data.eq(read.data)]
+            return m
+
+    for shape, init in ((24, []), (24, [rng.randrange(1 << 24) for _ in range(16)]),
+                        (signed(9), [rng.randrange(-256, 256) for _ in range(16)])):
+        amaranths = rtlil.convert(Block(shape, init), name="block")
+        with hierarchy._fast_memory_init():
+            ours = rtlil.convert(Block(shape, init), name="block")
+        assert ours == amaranths and "$meminit_v2" in ours
 
 
 @pytest.mark.parametrize("block_pes, marked", [(1, "processing_element_[0-9a-f]{8}"),

@@ -18,6 +18,10 @@ BUILDS = {
     "psum-small": ("psum", config.preset("small")),
     # 16-bit accumulators (an int8-only build): accumulation wraps.
     "psum-tiny-acc16": ("psum", config.preset("tiny").replace(dtypes=("int8",), acc_bits=16)),
+    # trn3's 64-byte bus: the engines' vector words are half a DMA word
+    # (Config.vector_word_bytes), so vector and word ports address different units.
+    "sbuf-tiny-bus64": ("sbuf", config.preset("tiny").replace(dma_bus_bytes=64)),
+    "psum-tiny-bus64": ("psum", config.preset("tiny").replace(dma_bus_bytes=64)),
 }
 
 

@@ -97,7 +97,7 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
     ``psum_ready``: probability that the PSUM accepts a beat. ``present``: probability that
     the sequencer presents the next instruction in a cycle."""
     rng = random.Random(seed)
-    _, word_bytes, depth = golden_sbuf.geometry(cfg)
+    _, word_bytes, depth = golden_sbuf.vector_geometry(cfg)
     if image is None:
         image = np.array([[rng.randrange(256) for _ in range(depth * word_bytes)]
                           for _ in range(cfg.sbuf_partitions)], dtype=np.uint8)
@@ -232,8 +232,10 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
     (TINY.replace(dma_bus_bytes=4, psum_banks=2), 6, 0.5, 0.8, 1.0, 30),
     (TINY.replace(pe_cols=8, moving_max=12, sbuf_bytes_per_partition=128), 7, 0.5, 0.8, 1.0,
      30),
+    # trn3's 64-byte bus: the engines read 32-byte vector words (Config.vector_word_bytes).
+    (TINY.replace(dma_bus_bytes=64), 8, 0.6, 0.8, 1.0, 30),
 ], ids=["tiny-full", "tiny-slow-sbuf", "tiny-backpressure", "tiny-acc16", "small",
-        "tiny-narrow-bus", "4x8-short-moving"])
+        "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus"])
 def test_random_programs_match_golden(cfg, seed, grant, psum_ready, present, matmuls):
     program = _random_program(cfg, random.Random(seed), matmuls)
     stats = _run(cfg, program, seed=seed, grant=grant, psum_ready=psum_ready,
@@ -253,7 +255,7 @@ def test_float_matmul_edge_values(fmt):
     data_format = numerics.data_format(fmt)
     size = data_format.bytes
     rng = np.random.default_rng(list(fmt.encode()))
-    _, word_bytes, depth = golden_sbuf.geometry(cfg)
+    _, word_bytes, depth = golden_sbuf.vector_geometry(cfg)
     element = data_format.element
     man = element.man_bits
     edge = [0, 1, (1 << man) - 1, 1 << man, element.bias << man, element.max_finite_bits,
@@ -286,7 +288,7 @@ MX64 = MX_BUILDS["mx64"]
 def _mx_image(cfg, rng, scale_region):
     """An SBUF image of FP8 codes of moderate values (a tenth random codes), with E8M0
     scales from byte ``scale_region`` on: mostly 117..137, some 0, 1, 254 and 255 (NaN)."""
-    _, word_bytes, depth = golden_sbuf.geometry(cfg)
+    _, word_bytes, depth = golden_sbuf.vector_geometry(cfg)
     shape = (cfg.sbuf_partitions, depth * word_bytes)
     values = rng.standard_normal(shape) * 2.0 ** rng.integers(-4, 5, shape)
     image = numerics.to_bits(values.astype(np.float32), numerics.FP8E4M3).astype(np.int64)
@@ -611,8 +613,8 @@ def test_refuses_what_the_hardware_cannot_build():
     float_only = TINY.replace(dtypes=("bf16", "mxfp8e4m3"), acc_bits=32)
     Fragment.get(TensorUnit(config=float_only), None)
     with pytest.raises(ValueError, match=r"pe_macs_per_cycle=bf16:8: a column of bf16 is "
-                                         r"8 x 2 = 16 bytes, more than one SBUF word "
-                                         r"\(dma_bus_bytes=8\)"):
+                                         r"8 x 2 = 16 bytes, more than one SBUF vector "
+                                         r"word \(8 bytes: dma_bus_bytes=8, at most 32\)"):
         TensorUnit(config=float_only.replace(pe_macs_per_cycle=("bf16:8",)))
     with pytest.raises(ValueError, match=r"the MX formats must have one rate in the tensor "
                                          r"engine hardware \(not mxfp8e4m3:4, mxfp8e5m2:2\)"):

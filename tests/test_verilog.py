@@ -47,29 +47,27 @@ def test_verilog_sizes_follow_the_config(tmp_path):
         runner.verilog_source(tiny)
 
 
-def test_full_size_sbuf_blocks_are_refused_with_the_reason():
-    """At 128 partitions of 64-byte words the SBUF's vector write is wider than any signal
-    Amaranth writes: the blocks that hold the SBUF say so (docs/architecture.md, Presets)
-    instead of failing inside Amaranth; at 64 partitions they build."""
-    for name in ("trn2", "trn3"):
-        for top in ("sbuf", "memory_system", "activation_engine", "core"):
-            with pytest.raises(config.ConfigError, match=r"sbuf_partitions=128, "
-                               r"dma_bus_bytes=64: the SBUF's vector write .* is 73,740 bits, "
-                               r"wider than the 65,536 bits"):
-                check(top, config.preset(name))
-    check("core", config.resolve("trn3", overrides=["pe_rows=64", "pe_cols=64",
-                                                    "sbuf_partitions=64"]))
+def test_sbuf_blocks_too_wide_for_a_verilog_vector_are_refused_with_the_reason():
+    """The engines' SBUF vector is sbuf_partitions x Config.vector_word_bytes (at most 32)
+    bytes: 128 partitions (trn2, trn3) build; at 256 its vector write is wider than any
+    signal Amaranth writes, and the blocks that hold the SBUF say so instead of failing
+    inside Amaranth."""
+    wide = config.resolve("trn3", overrides=["pe_rows=256", "sbuf_partitions=256"])
+    assert wide.vector_word_bytes == 32 and wide.dma_bus_bytes == 64
+    for top in ("sbuf", "memory_system", "activation_engine", "core"):
+        with pytest.raises(config.ConfigError, match=r"sbuf_partitions=256: the SBUF's vector "
+                           r"write .* is 73,741 bits, wider than the 65,536 bits"):
+            check(top, wide)
+    check("tensor_engine", wide)
 
 
 def test_every_preset_builds():
-    """The Trainium presets build as hardware, in every format they list at the MAC rates
-    they publish: a column of r elements of K per row (trn3: MXFP8 at 4, so 32-bit element
-    registers and 16 MX blocks of K = 512)."""
+    """The presets build as hardware, every top level, in every format they list at the MAC
+    rates they publish: a column of r elements of K per row (trn3: MXFP8 at 4, so 32-bit
+    element registers and 16 MX blocks of K = 512), and the SBUF's engines' vectors in
+    32-byte vector words of the 64-byte DMA words."""
     for name in config.PRESETS:
         for top in TOPS:
-            if name in ("trn2", "trn3") and top in ("sbuf", "memory_system",
-                                                   "activation_engine", "core"):
-                continue        # test_full_size_sbuf_blocks_are_refused_with_the_reason
             check(top, config.preset(name))
     trn3 = config.preset("trn3")
     assert "int8" not in trn3.dtypes and trn3.in_bits == 32

@@ -58,7 +58,7 @@ def _cmd_verilog(args):
     progress = _Progress()
     formats = "/".join(cfg.dtypes)
     progress(f"generating Verilog for {args.top} ({cfg.pe_rows}x{cfg.pe_cols}, {formats})")
-    text = verilog_source(cfg, args.top)
+    text = verilog_source(cfg, args.top, progress=progress)
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:

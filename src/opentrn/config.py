@@ -22,7 +22,7 @@ from pathlib import Path
 from opentrn import numerics
 
 __all__ = ["Config", "ConfigError", "PRESETS", "PUBLISHED", "DTYPES", "preset", "resolve",
-           "parse_overrides", "load_file", "reference"]
+           "parse_overrides", "load_file", "reference", "VECTOR_WORD_MAX_BYTES"]
 
 
 class ConfigError(ValueError):
@@ -31,6 +31,10 @@ class ConfigError(ValueError):
 
 #: Input formats of the tensor engine, with their storage width in bits (docs/numerics.md).
 DTYPES = {name: numerics.data_format(name).bytes * 8 for name in numerics.TENSOR_FORMATS}
+
+#: The widest word of one partition in an engine's SBUF or PSUM access
+#: (:attr:`Config.vector_word_bytes`).
+VECTOR_WORD_MAX_BYTES = 32
 
 _KiB = 1024
 _MiB = 1024 * _KiB
@@ -227,6 +231,16 @@ class Config:
         """Width of the tensor engine's element registers: the widest column of the build's
         formats, ``macs_per_pe_cycle(format)`` elements of ``format`` side by side."""
         return max(DTYPES[name] * self.macs_per_pe_cycle(name) for name in self.dtypes)
+
+    @property
+    def vector_word_bytes(self):
+        """Bytes of one partition in an engine's access to the SBUF or the PSUM (a vector is
+        the word at one index in every partition): ``dma_bus_bytes``, at most
+        ``VECTOR_WORD_MAX_BYTES``. The DMA engine moves whole bus words; an engine takes at
+        most 4 bytes of a partition per cycle, and a vector of 128 partitions x 64 bytes
+        with its byte strobes would be wider than the widest Verilog vector Amaranth writes
+        (docs/architecture.md, "The SBUF")."""
+        return min(self.dma_bus_bytes, VECTOR_WORD_MAX_BYTES)
 
     @property
     def hbm_addr_bits(self):

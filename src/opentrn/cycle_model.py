@@ -344,7 +344,7 @@ class _Core:
     # -- tensor unit --------------------------------------------------------------------------
 
     def _init_tensor(self, config):
-        width = config.dma_bus_bytes
+        width = config.vector_word_bytes          # the SBUF's vector word
         self.K, self.M = config.pe_rows, config.pe_cols
         self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width)
         self.matmuls = _Reader(MATMUL_JOBS, MATMUL_WORDS, width)
@@ -384,7 +384,7 @@ class _Core:
         return self.matmuls.space() and (not fmt.mx or self.scales["matmul"].space())
 
     def _tensor_accept(self, ins):
-        f, width, seq = ins.fields, self.config.dma_bus_bytes, self.sequence
+        f, width, seq = ins.fields, self.config.vector_word_bytes, self.sequence
         fmt = numerics.format_of_code(f["format"])
         size = exact_log2(numerics.column_bytes(self.config, fmt.name))
         if ins.opcode == Opcode.LOAD_STATIONARY:
@@ -597,8 +597,9 @@ class _Core:
             f = ins.fields
             out_bytes = _OUT_BYTES[f["out_format"]]
             last_index = f["n"] - 1
-            position = self.act_out_address & (width - 1)
-            complete = (position + out_bytes == width) or self.act_out_index == last_index
+            vector = cfg.vector_word_bytes
+            position = self.act_out_address & (vector - 1)
+            complete = (position + out_bytes == vector) or self.act_out_index == last_index
             write_free = (not self.act_write_valid) or act_write
             result_ready = (not complete) or write_free
             advance = (not out_valid) or result_ready
@@ -888,7 +889,7 @@ class _Core:
 
     def _act_commit(self, cycle, handed, sbuf_granted, psum_granted, take, result_take,
                     advance, write_done):
-        width = self.config.dma_bus_bytes
+        width = self.config.vector_word_bytes     # the SBUF's vector word
         ins = self.act_ins
         state = self.act_state
         streaming = state == "STREAM"

@@ -179,18 +179,19 @@ def mx_rate(config):
 def check_buildable(config, what):
     """Raise ``ValueError`` unless the hardware can be built for ``config``'s formats and
     MAC rates. ``what`` names the refusing block in the message (``"the tensor engine
-    hardware"``). Rules: every column of a format (``column_bytes``) fits one SBUF word
-    (``dma_bus_bytes``), since the tensor engine reads a column from one word; the MX
+    hardware"``). Rules: every column of a format (``column_bytes``) fits one SBUF vector
+    word (``Config.vector_word_bytes``), since the tensor engine reads a column from one; the MX
     formats have one MAC rate, since every row of the array takes the scales of one block
     whatever the format."""
     for name in config.dtypes:
         size = column_bytes(config, name)
-        if size > config.dma_bus_bytes:
+        if size > config.vector_word_bytes:
             raise ValueError(
                 f"pe_macs_per_cycle={','.join(config.pe_macs_per_cycle)}: a column of {name} "
                 f"is {config.macs_per_pe_cycle(name)} x {data_format(name).bytes} = {size} "
-                f"bytes, more than one SBUF word (dma_bus_bytes={config.dma_bus_bytes}): "
-                f"{what} reads a column from one word")
+                f"bytes, more than one SBUF vector word ({config.vector_word_bytes} bytes: "
+                f"dma_bus_bytes={config.dma_bus_bytes}, at most 32): {what} reads a column "
+                "from one")
     rates = {name: config.macs_per_pe_cycle(name) for name in config.dtypes
              if data_format(name).mx}
     if len(set(rates.values())) > 1:
