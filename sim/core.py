@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from opentrn import cycle_model
 from opentrn.golden.core import Outcome
 from opentrn.hdl.core import COUNTERS
 from opentrn.isa import Engine, Fault
@@ -21,11 +22,18 @@ class CoreRunError(RuntimeError):
     """The simulation itself failed (a hang caught by the watchdog, a testbench error)."""
 
 
-def watchdog_cycles(hbm):
-    """A generous bound on the cycles of a run: every non-zero byte of the image (the
-    programs and the inputs) fetched or moved a few times over, plus a fixed margin. A run
-    that takes longer has hung."""
-    return 50_000 + 8 * int(np.count_nonzero(hbm))
+#: Cycles the default watchdog adds to the program's bound (the testbench's start-up).
+WATCHDOG_SLACK = 10_000
+
+
+def watchdog_cycles(config, hbm, programs, *, latency=(0, 0), backpressure=0.0):
+    """The cycles after which a run has hung: the cycle model's bound for the program at the
+    largest latency (:func:`opentrn.cycle_model.upper_bound`: every instruction in turn,
+    each at more than its own cost; 1.7 to 9 times the exact prediction on the suite's
+    kernels), over ``1 - backpressure``, plus ``WATCHDOG_SLACK``. A legitimate program is
+    never cut short; a deadlock on semaphores the hardware reports by itself (``DEADLOCK``)."""
+    bound = cycle_model.upper_bound(config, hbm, programs, latency=int(max(latency)))
+    return int(bound / (1 - min(backpressure, 0.9))) + WATCHDOG_SLACK
 
 
 def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure=0.0,
@@ -36,7 +44,8 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
     return one :class:`Outcome` per job (its ``hbm`` the image's length of HBM after the run;
     ``counters`` the hardware's) and the :class:`~opentrn.sim.runner.SimResult`, whose
     ``reports`` hold each job's status and timing. ``watchdog`` (cycles) overrides
-    :func:`watchdog_cycles`. A simulation that fails raises :class:`CoreRunError`."""
+    :func:`watchdog_cycles` (each job's bound from its instructions). A simulation that
+    fails raises :class:`CoreRunError`."""
     sim = sim or runner.long_run_simulator()
     with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
         folder = Path(folder)
@@ -46,7 +55,9 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
             image = folder / f"image{index}.npz"
             np.savez(image, hbm=hbm, programs=np.array(programs, dtype=np.uint64))
             specs.append({"image": str(image), "result": str(folder / f"result{index}.npz"),
-                          "watchdog": watchdog or watchdog_cycles(hbm),
+                          "watchdog": watchdog or watchdog_cycles(
+                              config, hbm, programs, latency=latency,
+                              backpressure=backpressure),
                           **(options[0] if options else {})})
         result = runner.run(config, "opentrn.sim.tb_core", "core", sim, env={
             "OPENTRN_JOBS": json.dumps(specs),

@@ -24,6 +24,11 @@ cycle has no next edge, so it shows the signal's final value. A register
 therefore shows the value it took at edge ``c``: a counter that counts from 0
 with no reset reads 1 in cycle 0.
 
+A VCD is checked before vcdvcd reads it (vcdvcd skips what it does not expect): a
+declaration not closed by ``$end``, a file that ends before ``$enddefinitions``, an unknown
+section, a malformed ``$var`` or time, a value change of an identifier no ``$var``
+declares: each is refused with its line number.
+
 Values are unsigned ints by default and two's-complement ints with ``signed``.
 If any bit is ``x`` or ``z`` the value is ``None`` (``x`` in the table, ``null``
 in JSON). ``real`` variables decode to floats. vcdvcd drops the values of
@@ -60,6 +65,86 @@ class _Var:
     kind: str  # VCD var type: wire, reg, real, string, ...
 
 
+#: Sections of free text up to their `$end`.
+_TEXT_SECTIONS = {"$date", "$version", "$timescale", "$comment"}
+#: Keywords of the value-change part (IEEE 1364-2005, 18.2.3).
+_DUMP_KEYWORDS = {"$dumpvars", "$dumpall", "$dumpon", "$dumpoff", "$end"}
+
+
+def _tokens(f):
+    for line_number, line in enumerate(f, 1):
+        for token in line.split():
+            yield line_number, token
+
+
+def _check_vcd(path, *, values=True):
+    """Read the VCD's structure before vcdvcd does, which drops what it does not expect:
+    every declaration closed by `$end`, `$var TYPE SIZE ID NAME`, `$enddefinitions`
+    reached, no unknown section; with ``values``, every value change is one and names a
+    declared identifier. Raises :class:`WaveError` naming the line."""
+    where = f"file {str(path)!r}"
+    declared = set()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        tokens = _tokens(f)
+        line = 0
+
+        def statement(keyword, start):
+            """The tokens up to the keyword's `$end`."""
+            body = []
+            for _, token in tokens:
+                if token == "$end":
+                    return body
+                body.append(token)
+            raise WaveError(f"{where}: line {start}: {keyword} is not closed by $end (the "
+                            "file ends inside its declarations)")
+
+        for line, token in tokens:
+            if token in _TEXT_SECTIONS or token in ("$scope", "$upscope"):
+                statement(token, line)
+            elif token == "$var":
+                body = statement(token, line)
+                if len(body) < 4 or not body[1].isdigit():
+                    raise WaveError(f"{where}: line {line}: `$var {' '.join(body)} $end` is "
+                                    "not `$var TYPE SIZE ID NAME $end`")
+                declared.add(body[2])
+            elif token == "$enddefinitions":
+                statement(token, line)
+                break
+            elif token.startswith("$"):
+                raise WaveError(f"{where}: line {line}: unknown section {token}")
+            else:
+                raise WaveError(f"{where}: line {line}: {token!r} outside any declaration")
+        else:
+            raise WaveError(f"{where}: the file ends inside its declarations (line {line}, "
+                            "no $enddefinitions)")
+        if not values:
+            return
+        for line, token in tokens:
+            first = token[0]
+            if first == "#":
+                if not token[1:].isdigit():
+                    raise WaveError(f"{where}: line {line}: {token!r} is not a time")
+                continue
+            if first == "$":
+                if token == "$comment":
+                    statement(token, line)
+                elif token not in _DUMP_KEYWORDS:
+                    raise WaveError(f"{where}: line {line}: unknown section {token}")
+                continue
+            if first in "01xzXZ":
+                ident = token[1:]
+            elif first in "bBrRsS":          # vectors, reals, strings (Amaranth's enums)
+                ident = next(tokens, (line, None))[1]
+                if ident is None:
+                    raise WaveError(f"{where}: line {line}: the file ends inside the value "
+                                    f"change {token!r}")
+            else:
+                raise WaveError(f"{where}: line {line}: {token!r} is not a value change")
+            if ident not in declared:
+                raise WaveError(f"{where}: line {line}: a value change of identifier "
+                                f"{ident!r}, which no $var declares")
+
+
 def _open_vcd(path, **kwargs) -> VCDVCD:
     path = str(path)
     try:
@@ -71,6 +156,7 @@ def _open_vcd(path, **kwargs) -> VCDVCD:
     # whole-file scan of something that is not a VCD.
     if not head.startswith("$"):
         raise WaveError(f"file {path!r}: not a VCD file (does not start with a $ section)")
+    _check_vcd(path, values=not kwargs.get("only_sigs", False))
     try:
         return VCDVCD(path, **kwargs)
     except OSError as exc:

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 import tomllib
 
 import numpy as np
@@ -76,6 +77,42 @@ def test_config_file_and_overrides(tmp_path, capsys):
 def test_errors_exit_2_and_name_the_field(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "gemm", "--seed", "-1", "--sim", "icarus"], "--seed=-1: must be at least 0"),
+    # Refused before the inputs are drawn or an instruction generated (it took minutes, or
+    # died allocating): the operands alone exceed tiny's 16 MiB of HBM.
+    (["run", "gemm", "--m", "300000", "--sim", "icarus"],
+     "A 300000 x 64, B 64 x 64, C 300000 x 64: the operands and results need at least "
+     "38,404,096 bytes of HBM, more than hbm_bytes=16,777,216"),
+    (["run", "gemm", "--m", "99999999", "--k", "99999999", "--sim", "icarus"],
+     "the operands and results need at least"),
+    (["run", "mlp", "--batch", "9999999", "--sim", "icarus"],
+     "x_t 32 x 9999999, w1 32 x 64, w2 64 x 16, out 16 x 9999999: the operands"),
+    # The fast path refuses a schedule it cannot model step by step, at once.
+    (["project", "--gemm", "100000000000,100000000000,100000000000"],
+     "--gemm: m=100000000000, k=100000000000, n=100000000000: 75,120,192,343,750,000,000,"
+     "000,000,000 schedule steps on this configuration (4x4), more than the 2,000,000"),
+    (["project", "--transformer", "100000000,100000000,1,1000000,8"],
+     "--transformer: m=8000000, k=100000000, n=300000000"),
+])
+def test_sizes_beyond_the_machine_are_refused_at_once(argv, message, capsys):
+    started = time.monotonic()
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert time.monotonic() - started < 1.0
+
+
+def test_config_files_that_are_not_toml_text_are_refused(tmp_path, capsys):
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00pe_rows")
+    cases = [(tmp_path, f"file={str(tmp_path)!r}: is a directory, not a TOML file"),
+             (binary, f"file={str(binary)!r}: not valid TOML (not UTF-8 text: byte 0xff at "
+                      "offset 0)")]
+    for path, message in cases:
+        assert main(["config", "--file", str(path)]) == 2
+        assert f"opentrn config: error: {message}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dtype", ["mxfp8e4m3", "mxfp8e5m2"])

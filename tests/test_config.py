@@ -266,3 +266,39 @@ def test_the_hardware_builds_mac_rates_above_one():
     # The widest column there is (16 BF16 elements, 32 bytes) fits a 32-byte vector word:
     # a 64-byte bus's.
     assert check("core", cfg.replace(dma_bus_bytes=64, pe_macs_per_cycle=("bf16:16",))) is None
+
+
+def test_any_file_is_a_configuration_or_a_config_error(tmp_path):
+    """Hypothesis: arbitrary bytes, and TOML built from real keys with values of every type,
+    given as ``--file`` resolve to a Config or raise ConfigError; never another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    path = tmp_path / "fuzz.toml"
+    keys = st.sampled_from([*config.Config.__dataclass_fields__, "preset", "wibble"])
+    values = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                       st.booleans(), st.text(max_size=12),
+                       st.lists(st.text(max_size=8), max_size=3))
+
+    def toml_value(value):
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return {"nan": "nan", "inf": "inf", "-inf": "-inf"}.get(repr(value), repr(value))
+        if isinstance(value, str | list):
+            return json.dumps(value)
+        return str(value)
+
+    @settings(max_examples=250, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(raw=st.binary(max_size=64), table=st.dictionaries(keys, values, max_size=4))
+    def check(raw, table):
+        for content in (raw, "\n".join(f"{key} = {toml_value(value)}"
+                                       for key, value in table.items()).encode()):
+            path.write_bytes(content)
+            try:
+                assert isinstance(config.resolve(None, str(path)), config.Config)
+            except config.ConfigError:
+                pass
+
+    check()

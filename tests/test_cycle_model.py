@@ -42,6 +42,8 @@ def test_predicted_counters_equal_the_rtls_on_random_kernels(build, sim, count, 
     outcomes, _ = run_images(cfg, images, sim=sim)
     for (label, _), (hbm, pointers), outcome in zip(jobs, images, outcomes, strict=True):
         assert cycle_model.simulate(cfg, hbm, pointers) == outcome.counters, label
+        # The default watchdog's bound (sim/core.py) is above every real run.
+        assert cycle_model.upper_bound(cfg, hbm, pointers) > outcome.counters["cycles"], label
 
 
 @pytest.mark.sim
@@ -59,6 +61,32 @@ def test_predicted_counters_equal_the_rtls_with_a_fixed_hbm_latency():
     for (label, program), outcome in zip(jobs, outcomes, strict=True):
         assert cycle_model.predict(program, latency=latency) == outcome.counters, label
         assert outcome.counters["cycles"] > cycle_model.predict(program)["cycles"], label
+        assert cycle_model.upper_bound(cfg, program.hbm, program.programs,
+                                       latency=latency) > outcome.counters["cycles"], label
+
+
+def test_the_default_watchdog_is_above_a_long_programs_cycles():
+    """SBUF-to-SBUF copies: a long run from a small image (the old watchdog, 50,000 cycles
+    plus 8 per non-zero image byte, called such a run a hang at 56,424 of its 83,589
+    cycles). The bound from its instructions is above its predicted cycles at every
+    latency, and the watchdog adds back-pressure and a margin to it."""
+    from opentrn.sim.core import WATCHDOG_SLACK, watchdog_cycles
+    cfg = config.preset("tiny")
+    k = Kernel(cfg, "copies")
+    data = k.input("data", np.zeros((4, 2048), np.uint8))
+    out = k.output("out", (4, 2048), np.uint8)
+    first, second = k.sbuf(4, 2048), k.sbuf(4, 2048)
+    k.dma(first, data)
+    for _ in range(10):
+        k.dma(second, first)
+        k.dma(first, second)
+    k.dma(out, first)
+    program = k.build()
+    for latency in (0, 20):
+        bound = cycle_model.upper_bound(cfg, program.hbm, program.programs, latency=latency)
+        assert bound > cycle_model.predict(program, latency=latency)["cycles"] > 20_000
+    assert watchdog_cycles(cfg, program.hbm, program.programs, latency=(3, 20),
+                           backpressure=0.5) == 2 * bound + WATCHDOG_SLACK
 
 
 def _hand_written(cfg):

@@ -1245,3 +1245,28 @@ def test_packed_mlp_is_refused():
     # The same MLP in BF16 (one element per partition) builds.
     bf = np.zeros((4, 2), FORMAT_DTYPES["bf16"])
     kernels.mlp(cfg, bf, bf, np.zeros(2, np.float32), bf[:2], np.zeros(2, np.float32))
+
+
+def test_library_kernels_refuse_a_non_config_and_oversize_shapes_up_front():
+    """A dict is not a configuration (it was an AttributeError deep inside); a GEMM whose
+    operands alone exceed the HBM is refused before an instruction is generated (a
+    300000 x 64 x 64 GEMM on tiny took minutes to generate before the image was checked)."""
+    a_t, b = np.ones((4, 4), np.int8), np.ones((4, 4), np.int8)
+    for kernel in (lambda cfg: kernels.gemm(cfg, a_t, b),
+                   lambda cfg: kernels.gemm_bias_relu(cfg, a_t, b, np.zeros(4, np.int32),
+                                                      multiplier=1, shift=0),
+                   lambda cfg: kernels.mlp(cfg, a_t, b, np.zeros(4, np.int32), b,
+                                           np.zeros(4, np.int32), requant=((1, 7), (1, 7)))):
+        with pytest.raises(KernelError, match=r"config=\{'pe_rows': 4\}: must be an "
+                                              r"opentrn.config.Config"):
+            kernel({"pe_rows": 4})
+    tiny = config.preset("tiny")
+    started = time.monotonic()
+    with pytest.raises(KernelError, match=r"a_t 64 x 300000, b 64 x 64, c 300000 x 64: the "
+                                          r"operands and results need at least 96,004,096 "
+                                          r"bytes of HBM, more than hbm_bytes=16,777,216"):
+        kernels.gemm(tiny, np.zeros((64, 300000), np.int8), np.zeros((64, 64), np.int8))
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(KernelError, match="more than hbm_bytes"):
+        kernels.check_fits(tiny, "bf16", {"a": (4097, 2048, None)})   # 16 MiB + 4 KiB
+    kernels.check_fits(tiny, "bf16", {"a": (2048, 2048, None)})       # 8 MiB: fits

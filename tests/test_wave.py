@@ -428,3 +428,63 @@ def test_library_raises_wave_error(amaranth_vcd, bad_files):
         wave.cycle_table(amaranth_vcd["path"], ["count"], start=3, stop=1)
     with pytest.raises(wave.WaveError, match="--clock"):
         wave.cycle_table(bad_files["noclk"], ["cnt"])
+
+
+def _cut_inside_declarations():
+    """The Icarus VCD cut in the middle of a `$var` line (it used to list a signal with
+    an empty name and exit 0)."""
+    head = ICARUS_VCD[:ICARUS_VCD.index("$enddefinitions")]
+    last_var = head.rindex("$var")
+    return head[:last_var + len("$var wire 8")]
+
+
+@pytest.mark.parametrize(("text", "argv", "needles"), [
+    (_cut_inside_declarations(), ["--list"],
+     ["$var is not closed by $end", "ends inside its declarations"]),
+    (ICARUS_VCD[:ICARUS_VCD.index("$enddefinitions")], ["--list"],
+     ["ends inside its declarations", "no $enddefinitions"]),
+    (ICARUS_VCD.replace("$enddefinitions", "$wibble $end\n$enddefinitions"), ["--list"],
+     ["unknown section $wibble"]),
+    (ICARUS_VCD + "1?\n", ["--signal", "q"],
+     ["a value change of identifier '?', which no $var declares"]),
+    (ICARUS_VCD + "#40\nb1010\n", ["--signal", "q"],
+     ["ends inside the value change 'b1010'"]),
+    (ICARUS_VCD + "#4x\n", ["--signal", "q"], ["'#4x' is not a time"]),
+    (ICARUS_VCD.replace("$var wire 1 ! clk $end", "$var wire one ! clk $end"), ["--list"],
+     ["`$var wire one ! clk $end` is not `$var TYPE SIZE ID NAME $end`"]),
+])
+def test_malformed_vcds_are_refused_with_the_line(tmp_path, capsys, text, argv, needles):
+    path = tmp_path / "bad.vcd"
+    path.write_text(text)
+    rc, out, err = _run(capsys, path, *argv)
+    assert (rc, out) == (2, "")
+    assert err.startswith("opentrn wave: error: file ") and "line " in err
+    assert len(err.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in err
+
+
+def test_any_cut_or_corruption_of_a_vcd_is_read_or_refused(tmp_path):
+    """Hypothesis: the Icarus VCD cut anywhere, or with any character replaced, is either
+    read (a prefix of whole value changes is a valid VCD) or refused with a WaveError;
+    never another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    path = tmp_path / "fuzz.vcd"
+
+    @settings(max_examples=300, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(cut=st.integers(0, len(ICARUS_VCD)), at=st.integers(0, len(ICARUS_VCD) - 1),
+           char=st.sampled_from(list("$#01xzb !%&\n")))
+    def check(cut, at, char):
+        text = (ICARUS_VCD[:at] + char + ICARUS_VCD[at + 1:])[:cut]
+        path.write_text(text)
+        for read in (lambda: wave.list_signals(path),
+                     lambda: wave.cycle_table(path, ["."])):
+            try:
+                read()
+            except wave.WaveError:
+                pass
+
+    check()

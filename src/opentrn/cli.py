@@ -106,6 +106,8 @@ def _build_kernel(args, cfg):
     import numpy as np
 
     from opentrn import kernels, numerics
+    if args.seed < 0:
+        raise ConfigError(f"--seed={args.seed}: must be at least 0")
     rng = np.random.default_rng(args.seed)
     dtype = _check_dtype(args.dtype, cfg)
     mx = numerics.data_format(dtype).mx
@@ -114,6 +116,10 @@ def _build_kernel(args, cfg):
     if args.kernel == "mlp":
         batch, d_in, hidden, d_out = (_positive(f"--{name}", getattr(args, name.replace(
             "-", "_"))) for name in ("batch", "d-in", "hidden", "d-out"))
+        # Before drawing the inputs: sizes far beyond the HBM are refused at once.
+        kernels.check_fits(cfg, dtype, {"x_t": (d_in, batch, None), "w1": (d_in, hidden, None),
+                                        "w2": (hidden, d_out, None),
+                                        "out": (d_out, batch, None)})
         x_t, w1 = (kernels.random_inputs(rng, (d_in, batch), dtype),
                    kernels.random_inputs(rng, (d_in, hidden), dtype))
         b1 = kernels.random_bias(rng, hidden, dtype, 2000)
@@ -128,6 +134,7 @@ def _build_kernel(args, cfg):
             **scaling)
         return f"{dtype} mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
     m, k, n = (_positive(f"--{name}", getattr(args, name)) for name in ("m", "k", "n"))
+    kernels.check_fits(cfg, dtype, {"A": (m, k, None), "B": (k, n, None), "C": (m, n, None)})
     a, b = kernels.random_inputs(rng, (m, k), dtype), kernels.random_inputs(rng, (k, n), dtype)
     bias = kernels.random_bias(rng, m, dtype, 4000) if args.kernel == "gemm-relu" else None
     extra = ({"block_scales": (kernels.random_scales(rng, k, m),
@@ -573,9 +580,16 @@ def _cmd_project(args):
         raise ConfigError("--compare-scalesim: needs --gemm M,K,N")
     if args.peaks:
         return _project_peaks(args, cfg)
-    if args.gemm:
-        return _project_gemm(args, cfg)
-    return _project_transformer(args, cfg)
+    try:
+        if args.gemm:
+            return _project_gemm(args, cfg)
+        return _project_transformer(args, cfg)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        # The cycle model's refusals (a schedule too long to model, a bad size).
+        option = "--gemm" if args.gemm else "--transformer"
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 # -- parser -----------------------------------------------------------------------------------

@@ -446,13 +446,23 @@ def parse_overrides(items):
 def load_file(path):
     """Read a TOML file of configuration keys (a flat table; ``preset = "..."`` picks a base)."""
     path = Path(path)
+    name = f"file={str(path)!r}"
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"file={str(path)!r}: no such file") from None
+        raise ConfigError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a TOML file") from None
+    except PermissionError:
+        raise ConfigError(f"{name}: not readable (permission denied)") from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name}: not valid TOML (not UTF-8 text: byte "
+                          f"0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"file={str(path)!r}: not valid TOML ({exc})") from None
+        raise ConfigError(f"{name}: not valid TOML ({exc})") from None
     for key, value in data.items():
         if isinstance(value, dict):
             raise ConfigError(f"{key}: tables are not configuration keys; the file is one flat "

@@ -48,7 +48,7 @@ from opentrn.hdl.tensor_unit import LOAD_JOBS, LOAD_WORDS, MATMUL_JOBS, MATMUL_W
 from opentrn.isa import Engine, Opcode
 
 __all__ = ["COUNTERS", "ModelError", "predict", "simulate", "gemm", "Estimate",
-           "dma_bytes_per_cycle"]
+           "dma_bytes_per_cycle", "upper_bound"]
 
 #: The counters the model predicts: all of the core's (docs/registers.md), in their order.
 COUNTERS = CORE_COUNTERS
@@ -995,6 +995,57 @@ def predict(program, *, latency=0):
 _OUT_BYTES = {code: numerics.format_of_code(code).bytes for code in range(8)}
 
 
+def upper_bound(config, hbm, programs, *, latency=0):
+    """More cycles than a run of the streams at ``programs`` in ``hbm`` can take unless it
+    hangs, from the instructions alone (decoded until each stream's ``END``, an unknown
+    opcode or the image's end): every instruction of every stream in turn, as if no two
+    overlapped, each at more than its cost on its own, after the start-up (fetch and
+    issue; a DMA's bus words on both sides, a word more per row, a latency per burst; a
+    matmul's or a load's columns plus the array's depth; an activation's vectors). The
+    suite checks it against the RTL's cycles on every random kernel of
+    tests/test_cycle_model.py. :func:`simulate` would give the
+    exact count, at about the speed of the RTL itself (~10,000 cycles/s); this takes
+    microseconds per instruction, so every RTL run's watchdog can use it
+    (:func:`opentrn.sim.core.watchdog_cycles`)."""
+    if not isinstance(latency, int) or latency < 0:
+        raise ValueError(f"latency={latency!r}: must be a non-negative integer (cycles)")
+    bus = config.dma_bus_bytes
+    array = config.pe_rows + config.pe_cols
+    # Fetch (a word in beats, the HBM's answer) and issue (assemble, check, hand over).
+    issue = 2 * (isa.WORD_BYTES // min(bus, isa.WORD_BYTES)) + HBM_READ_CYCLES + latency + 8
+    hbm = bytes(hbm)
+    # Start-up: the sequencers fill their fetch buffers (two bursts) before the first
+    # instruction; the interrupt follows the last retire.
+    total = FETCH_BUFFER_BYTES // bus + 2 * (HBM_READ_CYCLES + latency) + 16
+    for start in programs:
+        offset = int(start)
+        while True:
+            try:
+                opcode, f = isa.decode(hbm, offset)
+            except isa.IsaError:
+                break                   # off the image: the sequencer faults
+            if not isinstance(opcode, isa.Opcode):
+                break                   # an unknown opcode faults
+            total += issue
+            if opcode == isa.Opcode.END:
+                break
+            if opcode == isa.Opcode.DMA:
+                rows = max(f["n1"], 1) * max(f["n2"], 1)
+                row_words = -(-(f["n0"] << f["elem_log2"]) // bus) + 1
+                bursts = rows * (row_words // (BOUNDARY_BYTES // bus) + 2)
+                total += (2 * rows * row_words + bursts * (latency + HBM_READ_CYCLES
+                                                            + HBM_WRITE_RESPONSE_CYCLES)
+                          + DMA_READ_OVERHEAD + DMA_WRITE_OVERHEAD)
+            elif opcode == isa.Opcode.LOAD_STATIONARY:
+                total += f["cols"] + array
+            elif opcode == isa.Opcode.MATMUL:
+                total += f["n"] + array
+            elif opcode == isa.Opcode.ACTIVATE:
+                total += f["n"] + ACTIVATE_OVERHEAD + ACT_STAGES
+            offset += isa.instruction_bytes(opcode)
+    return total
+
+
 # -- the fast path: the library GEMM's schedule, step by step --------------------------------
 
 #: Cycles a descriptor costs beyond its bus words: queue to engine (1), check (1), the first
@@ -1036,6 +1087,10 @@ def _words(start, length, width):
     return (start + length - 1) // width - start // width + 1
 
 
+#: The most steps :func:`gemm` models (each a few numbers: about a second per 10**6).
+MAX_GEMM_STEPS = 2_000_000
+
+
 def gemm(config, m, k, n, *, dtype="int8"):
     """The cycles of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``, results in
     int32 or FP32, HBM to HBM) on one core, without building the program: the kernel's
@@ -1065,6 +1120,14 @@ def gemm(config, m, k, n, *, dtype="int8"):
     width, kts, mb = kernels.schedule_shape(
         config, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
         staging_out=out, fixed_bytes=0, resident_tiles=0, element=e, mx=mx)
+    count = -(-n // width) * m_tiles * -(-k_tiles // kts)
+    if count > MAX_GEMM_STEPS:
+        # Refused before anything is allocated per step (a list of them would not fit).
+        raise ValueError(
+            f"m={m}, k={k}, n={n}: {count:,} schedule steps on this configuration "
+            f"({config.pe_rows}x{config.pe_cols}), more than the {MAX_GEMM_STEPS:,} the "
+            "fast path models one by one; project a GEMM of this size on a larger "
+            "configuration, or a part of it")
     parts = [(k0, min(k_tiles, k0 + kts)) for k0 in range(0, k_tiles, kts)]
     beats_per_word = isa.WORD_BYTES // min(W, isa.WORD_BYTES)
     issue = beats_per_word + 2          # sequencer cycles per instruction (assemble, READY)

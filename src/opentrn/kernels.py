@@ -63,7 +63,8 @@ from opentrn.kernel import (
 MAX_M_BLOCK = 4
 
 __all__ = ["gemm", "gemm_bias_relu", "mlp", "reference_matmul", "reference_activation",
-           "reference_matmul_float", "reference_activation_float", "MATMUL_DTYPES"]
+           "reference_matmul_float", "reference_activation_float", "MATMUL_DTYPES",
+           "check_fits"]
 
 #: The input formats of the kernels (the MX formats: FP8 arrays with ``block_scales=``).
 MATMUL_DTYPES = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
@@ -638,8 +639,31 @@ def _bias_bytes(cfg, rows):
 # -- the kernels ------------------------------------------------------------------------------
 
 
+def _check_config(config):
+    if not isinstance(config, Config):
+        raise KernelError(f"config={config!r}: must be an opentrn.config.Config "
+                          "(config.preset(name) or config.resolve(...))")
+
+
+def check_fits(config, dtype, matrices):
+    """Refuse, before any array is drawn or instruction generated, a kernel whose operands
+    and results alone do not fit the configuration's HBM: ``matrices`` is ``{name: (rows,
+    columns, element bytes)}`` (element bytes ``None``: ``dtype``'s). The image also holds
+    the programs, so this is a lower bound; :meth:`Kernel.build` checks the exact size."""
+    _check_config(config)
+    element = numerics.data_format(dtype).bytes
+    need = sum(rows * columns * (element if size is None else size)
+               for rows, columns, size in matrices.values())
+    if need > config.hbm_bytes:
+        shapes = ", ".join(f"{name} {rows} x {columns}"
+                           for name, (rows, columns, _) in matrices.items())
+        raise KernelError(f"{shapes}: the operands and results need at least {need:,} bytes "
+                          f"of HBM, more than hbm_bytes={config.hbm_bytes:,}")
+
+
 def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None,
           block_scales=None):
+    _check_config(config)
     fmt, block_scales = _mx_format("a_t", _input_format("a_t", a_t), block_scales,
                                    ("sa", "sb"))
     a_t = _matrix("a_t", a_t, _dtype(fmt))
@@ -648,6 +672,10 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     out = _out_format("out", out or ("fp32" if floating else "int32"), fmt)
     K, M = a_t.shape
     N = b.shape[1]
+    # Before any instruction is generated (a GEMM far beyond the HBM would take minutes).
+    check_fits(config, fmt, {"a_t": (K, M, None), "b": (K, N, None),
+                             "c" if bias is None else "y":
+                             (M, N, numerics.data_format(out).bytes)})
     rate = _rate(config, fmt)
     kt_rows = config.pe_rows                 # rows (partitions) of a K tile
     mx = block_scales is not None
@@ -728,6 +756,7 @@ def gemm_bias_relu(config: Config, a_t, b, bias, *, multiplier: int | None = Non
       inputs, ``out`` the FP8 element format (default) or ``"fp32"``.
 
     Returns ``(program, {"y": expected})``."""
+    _check_config(config)
     fmt, _ = _mx_format("a_t", _input_format("a_t", a_t), block_scales, ("sa", "sb"))
     if fmt == "int8":
         if scale is not None:
@@ -775,6 +804,7 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     the FP8 element format and enter layer 2 with unit scales (code 127, ``2**0``), which
     the kernel supplies itself (input ``"h_scales"``); the other scales are inputs
     re-laid per K tile (``"x_t_scales"``, ``"w1_scales"``, ``"w2_scales"``)."""
+    _check_config(config)
     fmt, block_scales = _mx_format("x_t", _input_format("x_t", x_t), block_scales,
                                    ("s_x", "s_w1", "s_w2"))
     dtype = _dtype(fmt)
