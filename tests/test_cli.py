@@ -104,6 +104,16 @@ def test_sizes_beyond_the_machine_are_refused_at_once(argv, message, capsys):
     assert time.monotonic() - started < 1.0
 
 
+def test_waves_into_a_missing_folder_are_refused_before_the_run(tmp_path, capsys):
+    """It ran, printed the path and wrote nothing."""
+    missing = tmp_path / "no" / "such" / "core.vcd"
+    assert main(["demo", "--waves", str(missing), "--sim", "icarus"]) == 2
+    assert f"--waves={missing}: the folder {str(missing.parent)!r} does not exist" in \
+        capsys.readouterr().err
+    assert main(["demo", "--waves", str(tmp_path), "--sim", "icarus"]) == 2
+    assert "is a directory; name a file" in capsys.readouterr().err
+
+
 def test_config_files_that_are_not_toml_text_are_refused(tmp_path, capsys):
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b"\xff\xfe\x00pe_rows")

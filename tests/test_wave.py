@@ -473,7 +473,7 @@ def test_any_cut_or_corruption_of_a_vcd_is_read_or_refused(tmp_path):
 
     path = tmp_path / "fuzz.vcd"
 
-    @settings(max_examples=300, deadline=None,
+    @settings(max_examples=300, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(cut=st.integers(0, len(ICARUS_VCD)), at=st.integers(0, len(ICARUS_VCD) - 1),
            char=st.sampled_from(list("$#01xzb !%&\n")))

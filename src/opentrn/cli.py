@@ -90,6 +90,17 @@ def _check_dtype(dtype, cfg):
     return dtype
 
 
+def _check_waves(path):
+    """``--waves``: a file in a folder that exists (the simulator would write nowhere)."""
+    if path is None:
+        return
+    folder = Path(path).resolve().parent
+    if Path(path).is_dir():
+        raise ConfigError(f"--waves={path}: is a directory; name a file (FILE.vcd)")
+    if not folder.is_dir():
+        raise ConfigError(f"--waves={path}: the folder {str(folder)!r} does not exist")
+
+
 def _positive(name, value):
     if value < 1:
         raise ConfigError(f"{name}={value}: must be at least 1")
@@ -173,6 +184,7 @@ def _run_kernel(args):
     from opentrn.sim.core import CoreRunError, run_programs
     cfg = _config(args)
     sim = _core_simulator(args, cfg)
+    _check_waves(args.waves)
     progress = _Progress()
     label, program, expected = _build_kernel(args, cfg)
     progress(f"built {label}: {sum(program.instruction_counts.values())} instructions")

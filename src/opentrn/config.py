@@ -187,8 +187,10 @@ class Config:
         rule("clock_hz", self.clock_hz > 0, "must be positive")
         rule("cores_per_chip", self.cores_per_chip >= 1, "must be at least 1")
         rule("chips_per_server", self.chips_per_server >= 1, "must be at least 1")
-        rule("hbm_bytes_per_s", self.hbm_bytes_per_s > 0, "must be positive")
-        rule("link_bytes_per_s", self.link_bytes_per_s >= 0, "must not be negative")
+        rule("hbm_bytes_per_s", 0 < self.hbm_bytes_per_s < math.inf,
+             "must be positive and finite")
+        rule("link_bytes_per_s", 0 <= self.link_bytes_per_s < math.inf,
+             "must not be negative, and finite")
         if self.chips_per_server > 1:
             rule("link_bytes_per_s", self.link_bytes_per_s > 0,
                  f"must be positive when chips_per_server={self.chips_per_server} > 1")
@@ -401,7 +403,8 @@ PRESETS = {
 
 def preset(name):
     """The :class:`Config` of a named preset."""
-    if name not in PRESETS:
+    # A file's `preset = [...]` is not a name (and a list is not hashable: no `in` test).
+    if not isinstance(name, str) or name not in PRESETS:
         raise ConfigError(f"preset={name!r}: must be one of {', '.join(PRESETS)}")
     return Config(**PRESETS[name])
 

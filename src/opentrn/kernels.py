@@ -815,6 +815,8 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     w2 = _matrix("w2", w2, dtype, rows=("hidden columns of w1", w1.shape[1]))
     d_in, batch = x_t.shape
     hidden, d_out = w1.shape[1], w2.shape[1]
+    check_fits(config, fmt, {"x_t": (d_in, batch, None), "w1": (d_in, hidden, None),
+                             "w2": (hidden, d_out, None), "out": (d_out, batch, None)})
     if mx:
         s_x = _block_scales("block_scales[0] (s_x)", block_scales[0], d_in, batch, "x_t")
         s_w1 = _block_scales("block_scales[1] (s_w1)", block_scales[1], d_in, hidden, "w1")
