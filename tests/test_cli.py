@@ -104,14 +104,18 @@ def test_sizes_beyond_the_machine_are_refused_at_once(argv, message, capsys):
     assert time.monotonic() - started < 1.0
 
 
-def test_waves_into_a_missing_folder_are_refused_before_the_run(tmp_path, capsys):
-    """It ran, printed the path and wrote nothing."""
-    missing = tmp_path / "no" / "such" / "core.vcd"
-    assert main(["demo", "--waves", str(missing), "--sim", "icarus"]) == 2
-    assert f"--waves={missing}: the folder {str(missing.parent)!r} does not exist" in \
-        capsys.readouterr().err
-    assert main(["demo", "--waves", str(tmp_path), "--sim", "icarus"]) == 2
-    assert "is a directory; name a file" in capsys.readouterr().err
+def test_output_files_get_their_folder_and_a_directory_is_refused(tmp_path, capsys):
+    """``-o``, ``--waves`` and ``--plot``: a missing folder is made (as the runner always
+    did for waves); a directory is refused before any work (for waves it was an
+    IsADirectoryError traceback after the whole simulation)."""
+    nested = tmp_path / "new" / "folder" / "te.v"
+    assert main(["verilog", "-o", str(nested)]) == 0
+    assert nested.read_text().startswith("/*")
+    for argv in (["verilog", "-o", str(tmp_path)],
+                 ["demo", "--waves", str(tmp_path), "--sim", "icarus"],
+                 ["project", "--gemm", "8,8,8", "--plot", str(tmp_path)]):
+        assert main(argv) == 2
+        assert f"={tmp_path}: is a directory; name a file" in capsys.readouterr().err
 
 
 def test_config_files_that_are_not_toml_text_are_refused(tmp_path, capsys):
@@ -299,7 +303,11 @@ def test_project_transformer_scaling_and_scalesim(capsys):
     (["--preset", "tiny", "--gemm", "8,8,8", "--chips", "2"],
      "link_bytes_per_s=0.0: must be positive to project on chips=2"),
     (["--preset", "trn3", "--gemm", "8,8,8", "--hop-latency", "-1"],
-     "--hop-latency=-1.0: must not be negative"),
+     "--hop-latency=-1.0: must not be negative, and finite"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--hop-latency", "inf"],
+     "--hop-latency=inf: must not be negative, and finite"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--hop-latency", "nan"],
+     "--hop-latency=nan: must not be negative, and finite"),
     (["--preset", "trn3", "--peaks", "--compare-rtl"], "--compare-rtl: needs --gemm M,K,N"),
     (["--preset", "trn3", "--transformer", "64,64,2,8,1", "--compare-scalesim"],
      "--compare-scalesim: needs --gemm M,K,N"),

@@ -8,6 +8,7 @@ object for scripts.
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ def _cmd_config(args):
 def _cmd_verilog(args):
     from opentrn.sim.runner import verilog_source
     cfg = _config(args)
+    _output_file("--output", args.output)
     progress = _Progress()
     formats = "/".join(cfg.dtypes)
     progress(f"generating Verilog for {args.top} ({cfg.pe_rows}x{cfg.pe_cols}, {formats})")
@@ -62,7 +64,11 @@ def _cmd_verilog(args):
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"--output={args.output}: cannot be written "
+                              f"({exc.strerror or exc})") from None
         progress(f"wrote {args.output} ({len(text.splitlines())} lines)")
     return 0
 
@@ -90,15 +96,20 @@ def _check_dtype(dtype, cfg):
     return dtype
 
 
-def _check_waves(path):
-    """``--waves``: a file in a folder that exists (the simulator would write nowhere)."""
-    if path is None:
+def _output_file(option, path):
+    """An output file option (``-o``, ``--waves``, ``--plot``), before any work: its folder
+    is made when missing (as the simulator runner does for waves); a directory, or a folder
+    that cannot be made, is refused."""
+    if path is None or path == "-":
         return
-    folder = Path(path).resolve().parent
-    if Path(path).is_dir():
-        raise ConfigError(f"--waves={path}: is a directory; name a file (FILE.vcd)")
-    if not folder.is_dir():
-        raise ConfigError(f"--waves={path}: the folder {str(folder)!r} does not exist")
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{option}={path}: is a directory; name a file")
+    try:
+        target.resolve().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option}={path}: its folder cannot be made "
+                          f"({exc.strerror or exc})") from None
 
 
 def _positive(name, value):
@@ -184,7 +195,7 @@ def _run_kernel(args):
     from opentrn.sim.core import CoreRunError, run_programs
     cfg = _config(args)
     sim = _core_simulator(args, cfg)
-    _check_waves(args.waves)
+    _output_file("--waves", args.waves)
     progress = _Progress()
     label, program, expected = _build_kernel(args, cfg)
     progress(f"built {label}: {sum(program.instruction_counts.values())} instructions")
@@ -581,13 +592,15 @@ def _compare_rtl(args, cfg, m, k, n, dtype):
 def _cmd_project(args):
     cfg = _config(args)
     _positive("--chips", args.chips)
-    if not args.hop_latency >= 0:
-        raise ConfigError(f"--hop-latency={args.hop_latency}: must not be negative")
+    if not 0 <= args.hop_latency < math.inf:
+        raise ConfigError(f"--hop-latency={args.hop_latency}: must not be negative, and "
+                          "finite")
     if args.cores is not None and not 1 <= args.cores <= cfg.cores_per_chip:
         raise ConfigError(f"--cores={args.cores}: must be between 1 and cores_per_chip="
                           f"{cfg.cores_per_chip}")
     if args.compare_rtl and not args.gemm:
         raise ConfigError("--compare-rtl: needs --gemm M,K,N")
+    _output_file("--plot", args.plot)
     if args.compare_scalesim and not args.gemm:
         raise ConfigError("--compare-scalesim: needs --gemm M,K,N")
     if args.peaks:
