@@ -14,6 +14,7 @@ from opentrn.config import Config
 
 from .activation_lane import ActivationLane
 from .hierarchy import shared
+from .params import refusing
 
 __all__ = ["ActivationEngine", "IDENTITY", "RELU", "PARAM_BITS", "SHIFT_LIMIT", "OUT_BITS",
            "INT8_RANGE", "STAGES", "params_layout", "input_layout", "output_layout",
@@ -139,11 +140,8 @@ class ActivationEngine(wiring.Component):
     """
 
     def __init__(self, *, config):
-        try:
+        with refusing(self):
             _check_config(config)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._config = config
         super().__init__({
             "params": In(params_layout(config)),

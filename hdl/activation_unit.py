@@ -16,6 +16,7 @@ from .activation_engine import OUT_BITS, PARAM_BITS, ActivationEngine, float_out
 from .activation_engine import _check_config as check_engine_config
 from .activation_unit_lane import ActivationUnitLane
 from .hierarchy import shared
+from .params import refusing
 from .partitioned_memory import (
     read_signature,
     vector_request_layout,
@@ -175,11 +176,8 @@ class ActivationUnit(wiring.Component):
     """
 
     def __init__(self, *, config):
-        try:
+        with refusing(self):
             _check_config(config)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._config = config
         partitions, word_bytes, depth = sbuf_mod.vector_geometry(config)
         self._sbuf_geometry = partitions, word_bytes, depth

@@ -6,7 +6,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from .params import check_positive, check_power_of_two
+from .params import check_positive, check_power_of_two, refusing
 
 __all__ = ["ActivationUnitLane"]
 
@@ -47,15 +47,12 @@ class ActivationUnitLane(wiring.Component):
     """
 
     def __init__(self, *, slots, word_bytes, acc_bits, result_bits):
-        try:
+        with refusing(self):
             check_positive(slots=slots, acc_bits=acc_bits, result_bits=result_bits)
             check_power_of_two(word_bytes=word_bytes)
             if word_bytes < _WORD32_BYTES:
                 raise ValueError(f"word_bytes={word_bytes}: must be at least {_WORD32_BYTES} "
                                  "(a bias is a 32-bit word of it)")
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._slots, self._word_bytes = slots, word_bytes
         self._acc_bits, self._result_bits = acc_bits, result_bits
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).

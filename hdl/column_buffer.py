@@ -6,7 +6,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from .params import check_positive, check_power_of_two
+from .params import check_positive, check_power_of_two, refusing
 
 __all__ = ["ColumnBuffer"]
 
@@ -36,15 +36,12 @@ class ColumnBuffer(wiring.Component):
     """
 
     def __init__(self, *, word_bytes, words, sizes, element_bits):
-        try:
+        with refusing(self):
             check_positive(words=words, sizes=sizes, element_bits=element_bits)
             check_power_of_two(word_bytes=word_bytes)
             if (1 << (sizes - 1)) > word_bytes or 8 << (sizes - 1) > element_bits:
                 raise ValueError(f"sizes={sizes}: a column of 2**{sizes - 1} bytes must fit "
                                  f"word_bytes={word_bytes} and element_bits={element_bits}")
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._word_bytes, self._words = word_bytes, words
         self._sizes, self._element_bits = sizes, element_bits
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).

@@ -8,6 +8,7 @@ from amaranth.lib.wiring import In, Out
 from opentrn.numerics import CANONICAL_NAN32, FP32
 
 from .hierarchy import shared
+from .params import refusing
 
 __all__ = ["FPAdder", "TEST_LANES", "unit_test_top"]
 
@@ -66,11 +67,8 @@ class FPAdder(wiring.Component):
     """
 
     def __init__(self, *, lanes):
-        try:
+        with refusing(self):
             _check_lanes(lanes)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._lanes = lanes
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`): a lane is shared.
         self.shared_key = (lanes,)

@@ -7,6 +7,8 @@ from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 
+from .params import refusing
+
 __all__ = ["FORMATS", "TEST_LANES", "FPCast", "unit_test_top"]
 
 #: The output formats the cast supports.
@@ -48,11 +50,8 @@ class FPCast(wiring.Component):
     """
 
     def __init__(self, *, formats, lanes=1):
-        try:
+        with refusing(self):
             _check(formats, lanes)
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._formats = formats
         self._lanes = lanes
         super().__init__({

@@ -10,6 +10,8 @@ from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 
+from .params import refusing
+
 __all__ = ["FPMultiplier", "FORMATS", "TEST_FORMATS", "TEST_LANES", "unit_test_top"]
 
 #: The formats the multiplier can be built for (both operands are in one of them).
@@ -87,11 +89,8 @@ class FPMultiplier(wiring.Component):
     """
 
     def __init__(self, *, formats, lanes=1):
-        try:
+        with refusing(self):
             self._formats = self._check(formats, lanes)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._lanes = lanes
         fmts = [numerics.data_format(name) for name in self._formats]
         self._elements = list(dict.fromkeys(fmt.element for fmt in fmts))

@@ -8,7 +8,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from .params import check_positive, check_power_of_two
+from .params import check_positive, check_power_of_two, refusing
 
 __all__ = ["MemoryPartition"]
 
@@ -55,15 +55,12 @@ class MemoryPartition(wiring.Component):
     def __init__(self, *, word_bytes, depth, vector_bytes=None, second_read=False,
                  second_transparent=True):
         vector_bytes = word_bytes if vector_bytes is None else vector_bytes
-        try:
+        with refusing(self):
             check_positive(depth=depth)
             check_power_of_two(word_bytes=word_bytes, vector_bytes=vector_bytes)
             if vector_bytes > word_bytes:
                 raise ValueError(f"vector_bytes={vector_bytes}: must be at most "
                                  f"word_bytes={word_bytes}")
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._word_bytes, self._depth, self._vector_bytes = word_bytes, depth, vector_bytes
         self._second, self._transparent = bool(second_read), bool(second_transparent)
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).

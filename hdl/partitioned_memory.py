@@ -8,6 +8,7 @@ from amaranth.utils import exact_log2
 
 from .hierarchy import shared
 from .memory_partition import MemoryPartition
+from .params import refusing
 
 __all__ = ["PartitionedMemory", "word_shape", "vector_shape", "strobe_shape",
            "vector_request_layout", "vector_response_layout", "vector_write_layout",
@@ -192,7 +193,7 @@ class PartitionedMemory(wiring.Component):
     def __init__(self, *, partitions, word_bytes, depth, vector_readers, vector_writers,
                  vector_bytes=None, rmw_port=False, rmw_forward=True):
         vector_bytes = word_bytes if vector_bytes is None else vector_bytes
-        try:
+        with refusing(self):
             _check_int("partitions", partitions, 1)
             _check_int("word_bytes", word_bytes, 1)
             if not _is_pow2(word_bytes):
@@ -206,9 +207,6 @@ class PartitionedMemory(wiring.Component):
             _check_int("depth", depth, 1)
             _check_int("vector_readers", vector_readers, 0)
             _check_int("vector_writers", vector_writers, 0)
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self.partitions, self.word_bytes, self.depth = partitions, word_bytes, depth
         self.vector_bytes = vector_bytes
         self.vector_depth = depth * (word_bytes // vector_bytes)

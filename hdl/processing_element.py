@@ -8,6 +8,7 @@ from opentrn import numerics
 
 from .fp_adder import FPAdder
 from .fp_multiplier import FPMultiplier
+from .params import refusing
 
 __all__ = ["ProcessingElement", "MAX_MACS"]
 
@@ -131,12 +132,9 @@ class ProcessingElement(wiring.Component):
     """
 
     def __init__(self, *, in_bits, acc_bits, formats=("int8",), macs=None):
-        try:
+        with refusing(self):
             self._floats, self._rates = _check(in_bits, acc_bits, formats,
                                                {} if macs is None else macs)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._in_bits = in_bits
         self._acc_bits = acc_bits
         self._formats = formats

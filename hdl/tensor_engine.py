@@ -10,6 +10,7 @@ from opentrn.numerics import mx_block_rows, mx_blocks  # scale fields when mx_bl
 
 from .delay_line import DelayLine
 from .hierarchy import shared
+from .params import refusing
 from .processing_element_array import ProcessingElementArray
 
 __all__ = ["TensorEngine", "formats", "mx_blocks", "mx_block_rows", "stationary_layout",
@@ -130,11 +131,8 @@ class TensorEngine(wiring.Component):
     """
 
     def __init__(self, *, config):
-        try:
+        with refusing(self):
             self._formats = formats(config)
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._config = config
         super().__init__({
             "stationary": In(stream.Signature(stationary_layout(config))),

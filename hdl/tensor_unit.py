@@ -12,6 +12,7 @@ from opentrn import isa, numerics
 from . import psum, sbuf
 from .column_buffer import ColumnBuffer
 from .hierarchy import shared
+from .params import refusing
 from .partitioned_memory import (
     read_signature,
     vector_request_layout,
@@ -301,11 +302,8 @@ class TensorUnit(wiring.Component):
     """
 
     def __init__(self, *, config):
-        try:
+        with refusing(self):
             formats(config)
-        except ValueError:
-            self._MustUse__silence = True     # refused, so it is not an unused elaboratable
-            raise
         self._config = config
         partitions, word_bytes, depth = sbuf.vector_geometry(config)
         super().__init__({
