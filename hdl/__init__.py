@@ -7,8 +7,10 @@ from opentrn.numerics import check_buildable
 
 from . import fp_adder, fp_cast, fp_multiplier
 from .activation_engine import ActivationEngine
+from .axi4_memory import MAX_BYTES as MAX_HBM_BYTES
 from .core import Core
 from .core import check_config as check_core
+from .core_with_memory import CoreWithMemory
 from .dma import DMA
 from .memory_system import MemorySystem
 from .processing_element import ProcessingElement
@@ -17,7 +19,7 @@ from .sbuf import SBUF
 from .tensor_engine import TensorEngine
 
 __all__ = ["ProcessingElement", "TensorEngine", "SBUF", "PSUM", "DMA", "MemorySystem",
-           "ActivationEngine", "Core", "TOPS", "check", "toplevel", "ports"]
+           "ActivationEngine", "Core", "CoreWithMemory", "TOPS", "check", "toplevel", "ports"]
 
 #: Blocks that can be a simulation or Verilog top level, by name.
 TOPS = {
@@ -28,6 +30,7 @@ TOPS = {
     "memory_system": MemorySystem,
     "activation_engine": ActivationEngine,
     "core": Core,
+    "core_with_memory": CoreWithMemory,
     "fp_adder": fp_adder.unit_test_top,
     "fp_cast": fp_cast.unit_test_top,
     "fp_multiplier": fp_multiplier.unit_test_top,
@@ -46,12 +49,16 @@ def check(name, config):
         raise ConfigError(str(exc)) from None
     if name in _WITH_SBUF:
         _check_vector_width(config)
-    if name == "core":
+    if name in ("core", "core_with_memory"):
         check_core(config)
+    if name == "core_with_memory" and config.hbm_bytes > MAX_HBM_BYTES:
+        raise ConfigError(
+            f"hbm_bytes={config.hbm_bytes:,}: the simulated HBM (core_with_memory) holds at "
+            f"most {MAX_HBM_BYTES:,} bytes; simulate a configuration with less HBM")
 
 
 #: The tops that hold the SBUF and so its vector ports.
-_WITH_SBUF = ("sbuf", "memory_system", "activation_engine", "core")
+_WITH_SBUF = ("sbuf", "memory_system", "activation_engine", "core", "core_with_memory")
 #: The widest signal Amaranth writes: 2**16 bits, the vector width IEEE 1364-2005 requires
 #: every Verilog tool to support (wider wires raise OverflowError in its RTLIL back end).
 MAX_SIGNAL_BITS = 1 << 16

@@ -38,7 +38,7 @@ from amaranth.hdl import Const, Fragment, Instance, Value, ValueCastable, _nir
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 
-__all__ = ["shared", "convert", "SharedBlockError"]
+__all__ = ["shared", "convert", "zero_filled", "SharedBlockError"]
 
 
 class SharedBlockError(ValueError):
@@ -234,10 +234,49 @@ def _replaced(owner, name, replacement):
         setattr(owner, name, original)
 
 
+#: The attribute of a memory that :func:`zero_filled` marks.
+ZERO_FILL = "opentrn_zero_fill"
+#: A marked memory's declaration in Yosys's Verilog: the mark, other attributes, the array.
+_ZERO_FILLED = re.compile(
+    rf"^([ \t]*)\(\* {ZERO_FILL} = [^*]*\*\)\n(?:[ \t]*\(\*[^\n]*\*\)\n)*"
+    r"[ \t]*reg (?:\[(\d+):0\] )?([A-Za-z_][\w$]*) \[(\d+):0\];\n", re.M)
+
+
+def zero_filled(memory):
+    """Mark ``memory`` (an ``amaranth.lib.memory.Memory`` whose contents start at zero) to
+    be zeroed by one loop in the Verilog of :func:`convert`. Yosys writes a memory's
+    initial contents as one statement per word (2,097,152 lines for the 16 MiB of a
+    simulated HBM on an 8-byte bus); the loop is the same contents. Returns ``memory``."""
+    if any(memory.init):
+        raise ValueError("zero_filled: the memory's initial contents must all be zero")
+    memory.attrs[ZERO_FILL] = 1
+    return memory
+
+
+def _write_zero_fills(text):
+    """The Verilog with each :func:`zero_filled` memory's initial loop after its
+    declaration."""
+    def fill(match):
+        indent, msb, name, last = match.groups()
+        width = int(msb or 0) + 1
+        counter = f"{name}__zero_fill"
+        return (f"{match.group(0)}{indent}integer {counter};\n"
+                f"{indent}initial for ({counter} = 0; {counter} <= {last}; "
+                f"{counter} = {counter} + 1) {name}[{counter}] = {width}'d0;\n")
+    text, count = _ZERO_FILLED.subn(fill, text)
+    if count != text.count(f"(* {ZERO_FILL} ="):
+        raise RuntimeError("a zero-filled memory's declaration is not in the form expected "
+                           "of Yosys's Verilog: its initial loop cannot be written")
+    return text
+
+
 def _emit_memory_init(self, cell_idx, cell):
     """``ModuleEmitter.emit_memory`` of Amaranth 0.5 with the initial contents written as
     one constant: Amaranth builds it bit by bit, a net object per bit (2,097,152 for one
-    SBUF partition of trn3: 4.5 s, against 0.1 s), for the same RTLIL text."""
+    SBUF partition of trn3: 4.5 s, against 0.1 s), for the same RTLIL text. A
+    :func:`zero_filled` memory gets none here: :func:`convert` writes its loop."""
+    if ZERO_FILL in cell.attributes:
+        return
     memory_info = self.memories[cell_idx]
     total = cell.width * cell.depth
     contents = 0
@@ -294,4 +333,4 @@ def convert(component, *, name, ports=None, progress=None):
         "writing Verilog (Yosys)")
     text = "\n".join([top, *library.texts])
     # Amaranth's own Verilog back end runs these same Yosys passes on one module tree.
-    return verilog._convert_rtlil_text(text)
+    return _write_zero_fills(verilog._convert_rtlil_text(text))

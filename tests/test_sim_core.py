@@ -12,7 +12,7 @@ from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import same_bits
 from opentrn.sim import runner
-from opentrn.sim.core import CoreRunError, run_images, run_programs
+from opentrn.sim.core import HBMS, CoreRunError, choose_hbm, run_images, run_programs
 
 from .conftest import float_inputs, require_simulator
 from .test_kernel import outside_the_tile_kernel
@@ -319,6 +319,43 @@ def test_core_is_exact_with_hbm_latency_and_backpressure():
         # Random latency and stalls are not modelled: the zero-latency prediction is a lower
         # bound of every run (docs/performance.md, "The cycle model").
         assert outcome.counters["cycles"] >= cycle_model.predict(program)["cycles"], label
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("latency", [0, 9])
+def test_fast_and_axi_hbm_give_the_same_cycles_and_results(latency):
+    """At one fixed latency the HBM in hardware (``fast``) and cocotbext-axi's RAM
+    (``axi``) give every counter equal, cycle for cycle, and the same HBM image, on every
+    library kernel; the cycle model predicts both."""
+    sim = runner.long_run_simulator()
+    require_simulator(sim)
+    jobs = _kernel_jobs(TINY) + _float_kernel_jobs(TINY)[:3]
+    programs = [program for _, program, _ in jobs]
+    runs = {hbm: run_programs(programs, sim=sim, hbm=hbm, latency=(latency, latency))
+            for hbm in HBMS}
+    assert {hbm: {r["hbm"] for r in result.reports if r.get("test") == "job"}
+            for hbm, (_, result) in runs.items()} == {hbm: {hbm} for hbm in HBMS}
+    for index, (label, program, _) in enumerate(jobs):
+        fast, axi = (runs[hbm][0][index] for hbm in ("fast", "axi"))
+        assert fast.fault == axi.fault == Fault.NONE, label
+        assert np.array_equal(fast.hbm, axi.hbm), label
+        assert fast.counters == axi.counters == \
+            cycle_model.predict(program, latency=latency), label
+
+
+def test_the_fast_hbm_is_chosen_where_it_can_serve():
+    assert choose_hbm(TINY) == "fast"
+    assert choose_hbm(TINY, latency=(3, 3)) == "fast"
+    assert choose_hbm(TINY, latency=(0, 40)) == "axi"
+    assert choose_hbm(TINY, backpressure=0.3) == "axi"
+    assert choose_hbm(TINY, "axi") == "axi"
+    with pytest.raises(ValueError, match=r"hbm='fast' cannot serve this run: "
+                       r"latency=\(0, 40\) varies"):
+        choose_hbm(TINY, "fast", latency=(0, 40))
+    with pytest.raises(ValueError, match="hbm='ddr': must be one of fast, axi"):
+        choose_hbm(TINY, "ddr")
+    huge = TINY.replace(hbm_bytes=1 << 31)
+    assert choose_hbm(huge) == "axi"
 
 
 @pytest.mark.sim

@@ -9,6 +9,7 @@ object for scripts.
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -175,7 +176,9 @@ def _core_simulator(args, cfg):
     the core can be built for ``cfg`` and that the simulator runs here."""
     from opentrn.hdl import check
     from opentrn.sim import runner
-    check("core", cfg)
+    from opentrn.sim.core import choose_hbm
+    args.hbm = choose_hbm(cfg, getattr(args, "hbm", None))
+    check("core_with_memory" if args.hbm == "fast" else "core", cfg)
     sim = args.sim or runner.default_simulator()
     reason = runner.available(sim)
     if reason is not None:
@@ -202,7 +205,7 @@ def _run_kernel(args):
     reference = GoldenCore(cfg).run(program.hbm, program.programs)
     try:
         (outcome,), result = run_programs([program], sim=sim, vcd=args.waves,
-                                          progress=progress)
+                                          hbm=args.hbm, progress=progress)
     except CoreRunError as exc:
         print(f"opentrn {args.command}: FAIL: {exc}", file=sys.stderr)
         return 1
@@ -220,6 +223,7 @@ def _run_kernel(args):
         "kernel": label,
         "preset": _preset_label(args),
         "sim": sim,
+        "hbm": args.hbm,
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
         "dtype": args.dtype,
         "fault": Fault(outcome.fault).name,
@@ -255,7 +259,7 @@ def _run_kernel(args):
         rows = [
             ("kernel", label),
             ("preset", f"{report['preset']} ({report['array']} {report['dtype']})"),
-            ("simulator", f"{sim} ({report['cycles_per_second']} cycles/s)"),
+            ("simulator", f"{sim}, {args.hbm} HBM ({report['cycles_per_second']} cycles/s)"),
             ("instructions", ", ".join(f"{engine} {count}" for engine, count in
                                       program.instruction_counts.items())),
             ("mismatches", f"{mismatches} (golden machine: {golden_mismatches} bytes)"),
@@ -617,11 +621,71 @@ def _cmd_project(args):
         raise ConfigError(f"{option}: {exc}") from None
 
 
+def _cmd_fuzz(args):
+    from opentrn import fuzz
+    from opentrn.hdl import check
+    from opentrn.sim import runner
+
+    cfg = _config(args)
+    for name, value, low in (("--count", args.count, 1), ("--seeds", args.seeds, 0),
+                             ("--jobs", args.jobs, 1)):
+        if value < low:
+            raise ConfigError(f"{name}={value}: must be at least {low}")
+    if not 0 <= args.illegal <= 1:
+        raise ConfigError(f"--illegal={args.illegal}: must be a share from 0 to 1")
+    if args.shrink and args.count != 1:
+        raise ConfigError(f"--shrink: shrinks one program; give --count 1, not {args.count}")
+    check("core_with_memory", cfg)
+    sim = args.sim or runner.long_run_simulator()
+    reason = runner.available(sim)
+    if reason is not None:
+        raise runner.SimulatorMissing(reason)
+    progress = _Progress()
+    preset = f"--preset {args.preset} " if args.preset else ""
+    extra = (f" --file {args.file}" if args.file else "") + "".join(
+        f" --set {item}" for item in args.overrides)
+
+    def replay(seed):
+        return (f"opentrn fuzz {preset}--seeds {seed} --count 1 --illegal {args.illegal} "
+                f"--sim {sim}{extra} --shrink")
+
+    if args.shrink:
+        try:
+            keep, result = fuzz.shrink(cfg, args.seeds, illegal=args.illegal, sim=sim,
+                                       progress=progress)
+        except ValueError as exc:
+            print(f"opentrn fuzz: {exc}")
+            return 0
+        print(f"seed {args.seeds} still fails with body operations {keep}: "
+              + "; ".join(result["problems"]))
+        return 1
+    progress(f"building the {sim} model of the core with its HBM")
+    runner.build(cfg, "core_with_memory", sim, progress=progress)
+
+    def tell(done, total, failures, seconds):
+        progress(f"{done}/{total} programs, {failures} mismatches, "
+                 f"{done / seconds:.1f} programs/s")
+
+    campaign = fuzz.run_campaign(
+        cfg, range(args.seeds, args.seeds + args.count), illegal=args.illegal,
+        jobs=args.jobs, sim=sim, ray_address=args.ray, progress=tell)
+    if args.json:
+        print(json.dumps({"summary": campaign.summary(), "results": campaign.results},
+                         indent=1))
+    else:
+        print(fuzz.report(campaign, replay=replay))
+    return 1 if campaign.failures else 0
+
+
 # -- parser -----------------------------------------------------------------------------------
 
 def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--sim", choices=sims, help=f"simulator (default: {default_sim})")
     parser.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
+    parser.add_argument("--hbm", choices=("fast", "axi"),
+                        help="the HBM: fast, in hardware beside the core (no Python on the "
+                        "clock), or axi, cocotbext-axi's RAM answering from Python; the same "
+                        "cycles (default: fast where it can hold the HBM)")
     parser.add_argument("--seed", type=int, default=1, help="input data seed (default: 1)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--dtype", choices=DTYPES, default="int8",
@@ -686,6 +750,28 @@ def _parser():
         q.add_argument(f"--{name}", type=int, default=default,
                        help=f"(default: {default})")
     q.set_defaults(func=_cmd_run)
+
+    p = commands.add_parser(
+        "fuzz", help="run constrained-random programs on the golden machine, the core RTL "
+                     "and the cycle model and compare them, with a coverage report")
+    _add_config_options(p)
+    p.add_argument("--count", type=int, default=200, help="programs (default: 200)")
+    p.add_argument("--seeds", type=int, default=0, metavar="FIRST",
+                   help="the first seed; the programs are seeds FIRST .. FIRST+COUNT-1 "
+                        "(default: 0)")
+    p.add_argument("--illegal", type=float, default=0.2, metavar="SHARE",
+                   help="share of programs with one injected fault (default: 0.2)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (default: the machine's cores)")
+    p.add_argument("--sim", choices=SIMULATORS,
+                   help="simulator (default: Verilator if it runs here, else Icarus)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run the batches on the Ray cluster at ADDRESS (pip install ray) "
+                        "instead of local processes")
+    p.add_argument("--shrink", action="store_true",
+                   help="with --count 1: shrink a failing program to the fewest operations")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=_cmd_fuzz)
 
     p = commands.add_parser(
         "project", help="performance projection: peaks against the published figures, a GEMM "
