@@ -128,6 +128,8 @@ def test_shrinking_keeps_only_the_operation_that_fails(monkeypatch):
     (["--seeds", "-1"], "--seeds=-1: must be at least 0"),
     (["--illegal", "1.5"], "--illegal=1.5: must be a share from 0 to 1"),
     (["--count", "3", "--shrink"], "--shrink: shrinks one program; give --count 1, not 3"),
+    (["--ray", "localhost:x"], "--ray=localhost:x: the port must be a number from 1 to 65535"),
+    (["--ray", "127.0.0.1:1"], "--ray=127.0.0.1:1: nothing answers at 127.0.0.1:1"),
 ])
 def test_bad_options_are_refused_by_name(argv, message, capsys):
     assert main(["fuzz", *argv]) == 2

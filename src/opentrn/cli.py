@@ -635,6 +635,16 @@ def _cmd_fuzz(args):
         raise ConfigError(f"--illegal={args.illegal}: must be a share from 0 to 1")
     if args.shrink and args.count != 1:
         raise ConfigError(f"--shrink: shrinks one program; give --count 1, not {args.count}")
+    if args.ray is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"--ray={args.ray}: needs the ray package: "
+                              "pip install 'opentrn[ray]'") from None
+        try:
+            fuzz.check_ray_address(args.ray)
+        except ValueError as exc:
+            raise ConfigError(f"--ray={args.ray}: {str(exc).partition(': ')[2]}") from None
     check("core_with_memory", cfg)
     sim = args.sim or runner.long_run_simulator()
     reason = runner.available(sim)
@@ -766,8 +776,8 @@ def _parser():
     p.add_argument("--sim", choices=SIMULATORS,
                    help="simulator (default: Verilator if it runs here, else Icarus)")
     p.add_argument("--ray", metavar="ADDRESS",
-                   help="run the batches on the Ray cluster at ADDRESS (pip install ray) "
-                        "instead of local processes")
+                   help="run the batches on the Ray cluster at ADDRESS "
+                        "(pip install 'opentrn[ray]') instead of local processes")
     p.add_argument("--shrink", action="store_true",
                    help="with --count 1: shrink a failing program to the fewest operations")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

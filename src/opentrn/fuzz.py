@@ -17,6 +17,7 @@ result is plain data, so either returns the same. A failing seed replays alone
 fails.
 """
 
+import socket
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from opentrn.isa import Fault
 from . import random_program
 
 __all__ = ["Campaign", "run_campaign", "check_batch", "fault_of_seed", "coverage_goals",
-           "shrink", "report"]
+           "check_ray_address", "shrink", "report"]
 
 #: Programs per simulation: the simulator's start-up (about a second) is shared by them.
 BATCH = 25
@@ -206,6 +207,7 @@ def run_campaign(config, seeds, *, illegal=0.2, jobs=1, sim=None, ray_address=No
     if ray_address is not None:
         import ray
 
+        check_ray_address(ray_address)
         ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
         remote = ray.remote(check_batch)
         pending = [remote.remote(config, chunk, illegal=illegal, sim=sim) for chunk in batches]
@@ -224,6 +226,22 @@ def run_campaign(config, seeds, *, illegal=0.2, jobs=1, sim=None, ray_address=No
     campaign.results.sort(key=lambda r: r["seed"])
     campaign.seconds = time.monotonic() - started
     return campaign
+
+
+def check_ray_address(address, timeout=5.0):
+    """Refuse a Ray address ``host:port`` (or ``ray://host:port``) that nothing answers at,
+    in seconds: ``ray.init`` would retry for minutes. Other forms (``auto``) go to Ray."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host:
+        return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"ray address {address!r}: the port must be a number from 1 to "
+                         f"65535, not {port!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ValueError(f"ray address {address!r}: nothing answers at {host}:{port} "
+                         f"({exc.strerror or exc})") from None
 
 
 def shrink(config, seed, *, illegal=0.2, sim=None, progress=None):
