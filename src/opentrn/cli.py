@@ -631,6 +631,9 @@ def _cmd_fuzz(args):
                              ("--jobs", args.jobs, 1)):
         if value < low:
             raise ConfigError(f"{name}={value}: must be at least {low}")
+    if args.count > fuzz.MAX_PROGRAMS:
+        raise ConfigError(f"--count={args.count}: at most {fuzz.MAX_PROGRAMS:,} programs a "
+                          "campaign (its results stay in memory); run several with --seeds")
     if not 0 <= args.illegal <= 1:
         raise ConfigError(f"--illegal={args.illegal}: must be a share from 0 to 1")
     if args.shrink and args.count != 1:

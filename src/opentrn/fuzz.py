@@ -35,6 +35,8 @@ __all__ = ["Campaign", "run_campaign", "check_batch", "fault_of_seed", "coverage
 
 #: Programs per simulation: the simulator's start-up (about a second) is shared by them.
 BATCH = 25
+#: The most programs of one campaign: its results stay in memory (a few KB a program).
+MAX_PROGRAMS = 1_000_000
 
 
 def fault_of_seed(seed, illegal):
@@ -193,6 +195,9 @@ def run_campaign(config, seeds, *, illegal=0.2, jobs=1, sim=None, ray_address=No
                  batch=BATCH, progress=None):
     """Run every seed of ``seeds``; return a :class:`Campaign`. ``progress(done, total,
     failures)`` hears after each batch."""
+    if len(seeds) > MAX_PROGRAMS:
+        raise ValueError(f"{len(seeds):,} programs: a campaign runs at most "
+                         f"{MAX_PROGRAMS:,} (its results stay in memory); run several")
     seeds = list(seeds)
     campaign = Campaign(config)
     started = time.monotonic()
