@@ -2,6 +2,7 @@
 against numpy and the golden machine, bit for bit; semaphore waits checked by a race checker
 that runs the streams in random interleavings; argument errors; build time."""
 
+import random
 import re
 import time
 from collections import deque
@@ -1270,3 +1271,42 @@ def test_library_kernels_refuse_a_non_config_and_oversize_shapes_up_front():
     with pytest.raises(KernelError, match="more than hbm_bytes"):
         kernels.check_fits(tiny, "bf16", {"a": (4097, 2048, None)})   # 16 MiB + 4 KiB
     kernels.check_fits(tiny, "bf16", {"a": (2048, 2048, None)})       # 8 MiB: fits
+    # 3 MiB of data, but at least 256 x 256 x 64 MATMULs of 32 bytes (was minutes of
+    # generation before the HBM check at the end).
+    started = time.monotonic()
+    square = np.zeros((1024, 1024), np.int8)
+    with pytest.raises(KernelError, match=r"a_t 1024 x 1024, b 1024 x 1024, c 1024 x 1024: "
+                                          r"the operands and results \(6,291,456 bytes\) "
+                                          r"and the program \(at least 4,194,304 MATMUL "
+                                          r"instructions: 134,217,728 bytes\) need more "
+                                          r"than hbm_bytes=16,777,216"):
+        kernels.gemm(tiny, square, square)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("cfg", [config.preset("tiny"), config.preset("small")],
+                         ids=["tiny", "small"])
+def test_least_matmuls_is_a_lower_bound_of_every_kernel(cfg):
+    """check_fits refuses a kernel whose least program does not fit HBM: the bound must
+    never exceed what a kernel emits, or a legitimate kernel would be refused."""
+    rng, draw = np.random.default_rng(7), random.Random(7)
+    sizes = (1, 3, 4, 7, 16, 33, 64, 100, 128, 200)
+    for _ in range(40):
+        dtype = draw.choice(cfg.dtypes)
+        m, k, n = (draw.choice(sizes) for _ in range(3))
+        a, b = (kernels.random_inputs(rng, shape, dtype) for shape in ((m, k), (k, n)))
+        extra = ({"block_scales": (kernels.random_scales(rng, k, m),
+                                   kernels.random_scales(rng, k, n))}
+                 if numerics.data_format(dtype).mx else {})
+        program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
+        emitted = program.opcode_counts["tensor"]["MATMUL"]
+        assert kernels.least_matmuls(cfg, dtype, k, m, n) <= emitted, (dtype, m, k, n)
+    for _ in range(10):
+        batch, d_in, hidden, d_out = (draw.choice(sizes) for _ in range(4))
+        x_t, w1, w2 = (kernels.random_inputs(rng, shape, "int8")
+                       for shape in ((d_in, batch), (d_in, hidden), (hidden, d_out)))
+        program, _ = kernels.mlp(cfg, x_t, w1, np.zeros(hidden, np.int32), w2,
+                                 np.zeros(d_out, np.int32), requant=((1, 7), (1, 7)))
+        least = (kernels.least_matmuls(cfg, "int8", d_in, hidden, batch)
+                 + kernels.least_matmuls(cfg, "int8", hidden, d_out, batch))
+        assert least <= program.opcode_counts["tensor"]["MATMUL"], (batch, d_in, hidden, d_out)

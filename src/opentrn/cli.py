@@ -142,7 +142,8 @@ def _build_kernel(args, cfg):
         # Before drawing the inputs: sizes far beyond the HBM are refused at once.
         kernels.check_fits(cfg, dtype, {"x_t": (d_in, batch, None), "w1": (d_in, hidden, None),
                                         "w2": (hidden, d_out, None),
-                                        "out": (d_out, batch, None)})
+                                        "out": (d_out, batch, None)},
+                           products=[(d_in, hidden, batch), (hidden, d_out, batch)])
         x_t, w1 = (kernels.random_inputs(rng, (d_in, batch), dtype),
                    kernels.random_inputs(rng, (d_in, hidden), dtype))
         b1 = kernels.random_bias(rng, hidden, dtype, 2000)
@@ -157,7 +158,8 @@ def _build_kernel(args, cfg):
             **scaling)
         return f"{dtype} mlp {batch}x{d_in}x{hidden}x{d_out}", program, expected
     m, k, n = (_positive(f"--{name}", getattr(args, name)) for name in ("m", "k", "n"))
-    kernels.check_fits(cfg, dtype, {"A": (m, k, None), "B": (k, n, None), "C": (m, n, None)})
+    kernels.check_fits(cfg, dtype, {"A": (m, k, None), "B": (k, n, None), "C": (m, n, None)},
+                       products=[(k, m, n)])
     a, b = kernels.random_inputs(rng, (m, k), dtype), kernels.random_inputs(rng, (k, n), dtype)
     bias = kernels.random_bias(rng, m, dtype, 4000) if args.kernel == "gemm-relu" else None
     extra = ({"block_scales": (kernels.random_scales(rng, k, m),

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from opentrn import numerics
+from opentrn import isa, numerics
 from opentrn.config import Config
 from opentrn.kernel import (
     FORMAT_DTYPES,
@@ -64,7 +64,7 @@ MAX_M_BLOCK = 4
 
 __all__ = ["gemm", "gemm_bias_relu", "mlp", "reference_matmul", "reference_activation",
            "reference_matmul_float", "reference_activation_float", "MATMUL_DTYPES",
-           "check_fits"]
+           "check_fits", "least_matmuls"]
 
 #: The input formats of the kernels (the MX formats: FP8 arrays with ``block_scales=``).
 MATMUL_DTYPES = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
@@ -645,20 +645,42 @@ def _check_config(config):
                           "(config.preset(name) or config.resolve(...))")
 
 
-def check_fits(config, dtype, matrices):
-    """Refuse, before any array is drawn or instruction generated, a kernel whose operands
-    and results alone do not fit the configuration's HBM: ``matrices`` is ``{name: (rows,
-    columns, element bytes)}`` (element bytes ``None``: ``dtype``'s). The image also holds
-    the programs, so this is a lower bound; :meth:`Kernel.build` checks the exact size."""
+def least_matmuls(config, dtype, K, M, N):
+    """The fewest ``MATMUL`` instructions of a ``(K, M, N)`` product in ``dtype``: each
+    takes one stationary tile (``pe_rows`` rows of K, ``rate`` elements a row, by
+    ``pe_cols`` columns) and at most ``moving_max`` moving columns, whichever operand is
+    the stationary one."""
+    def up(a, b):
+        return -(-a // b)
+
+    P, chunk = config.pe_cols, config.moving_max
+    k_tiles = up(up(K, config.macs_per_pe_cycle(dtype)), config.pe_rows)
+    return k_tiles * min(up(M, P) * up(N, chunk), up(N, P) * up(M, chunk))
+
+
+def check_fits(config, dtype, matrices, *, products=()):
+    """Refuse, before any array is drawn or instruction generated, a kernel whose operands,
+    results and least program do not fit the configuration's HBM: ``matrices`` is ``{name:
+    (rows, columns, element bytes)}`` (element bytes ``None``: ``dtype``'s); ``products``
+    the kernel's matrix products ``(K, M, N)``, each at least :func:`least_matmuls`
+    instructions of ``isa.WORD_BYTES``: a lower bound of the image; :meth:`Kernel.build`
+    checks the exact size."""
     _check_config(config)
     element = numerics.data_format(dtype).bytes
-    need = sum(rows * columns * (element if size is None else size)
+    data = sum(rows * columns * (element if size is None else size)
                for rows, columns, size in matrices.values())
-    if need > config.hbm_bytes:
+    # A format the build lacks is refused later, by name, where the format is checked.
+    matmuls = (sum(least_matmuls(config, dtype, *product) for product in products)
+               if dtype in config.dtypes else 0)
+    program = matmuls * isa.WORD_BYTES
+    if data + program > config.hbm_bytes:
         shapes = ", ".join(f"{name} {rows} x {columns}"
                            for name, (rows, columns, _) in matrices.items())
-        raise KernelError(f"{shapes}: the operands and results need at least {need:,} bytes "
-                          f"of HBM, more than hbm_bytes={config.hbm_bytes:,}")
+        what = (f"the operands and results need at least {data:,} bytes of HBM,"
+                if data > config.hbm_bytes else
+                f"the operands and results ({data:,} bytes) and the program (at least "
+                f"{matmuls:,} MATMUL instructions: {program:,} bytes) need")
+        raise KernelError(f"{shapes}: {what} more than hbm_bytes={config.hbm_bytes:,}")
 
 
 def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None,
@@ -675,7 +697,7 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     # Before any instruction is generated (a GEMM far beyond the HBM would take minutes).
     check_fits(config, fmt, {"a_t": (K, M, None), "b": (K, N, None),
                              "c" if bias is None else "y":
-                             (M, N, numerics.data_format(out).bytes)})
+                             (M, N, numerics.data_format(out).bytes)}, products=[(K, M, N)])
     rate = _rate(config, fmt)
     kt_rows = config.pe_rows                 # rows (partitions) of a K tile
     mx = block_scales is not None
@@ -816,7 +838,8 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     d_in, batch = x_t.shape
     hidden, d_out = w1.shape[1], w2.shape[1]
     check_fits(config, fmt, {"x_t": (d_in, batch, None), "w1": (d_in, hidden, None),
-                             "w2": (hidden, d_out, None), "out": (d_out, batch, None)})
+                             "w2": (hidden, d_out, None), "out": (d_out, batch, None)},
+               products=[(d_in, hidden, batch), (hidden, d_out, batch)])
     if mx:
         s_x = _block_scales("block_scales[0] (s_x)", block_scales[0], d_in, batch, "x_t")
         s_w1 = _block_scales("block_scales[1] (s_w1)", block_scales[1], d_in, hidden, "w1")
