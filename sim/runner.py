@@ -540,6 +540,36 @@ class SimResult:
         return self.tests > 0 and self.failed == 0
 
 
+class _ProgressRelay:
+    """Pass each line a testbench appends to ``path`` to ``progress``, from a thread, until
+    :meth:`stop` (which passes on what is left)."""
+
+    def __init__(self, path, progress, interval=0.5):
+        self.path, self.progress, self.interval = Path(path), progress, interval
+        self.offset = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _relay(self):
+        with suppress(FileNotFoundError), open(self.path) as f:
+            f.seek(self.offset)
+            text = f.read()
+            complete = text[:text.rfind("\n") + 1]     # a line being written waits
+            self.offset += len(complete)
+            for line in complete.splitlines():
+                self.progress(line)
+
+    def _run(self):
+        while not self.stopping.wait(self.interval):
+            self._relay()
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join()
+        self._relay()
+
+
 def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None, env=None,
         vcd=None, progress=None, keep=False):
     """Run the cocotb ``test_module`` against ``top``; return a :class:`SimResult`.
@@ -575,6 +605,11 @@ def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None
     _say(progress, f"simulating {test_module.rsplit('.', 1)[-1]} on {sim}")
     runner = _make_runner(sim)
     started = time.monotonic()
+    relay = None
+    if progress is not None:
+        # Long runs say how far they are: the bench appends lines, a thread passes them on.
+        extra_env["OPENTRN_PROGRESS"] = str(run_dir / "progress.txt")
+        relay = _ProgressRelay(run_dir / "progress.txt", progress)
     try:
         runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
                     build_dir=build_dir,
@@ -583,6 +618,9 @@ def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None
                     results_xml=str(results), log_file=log)
     except (RuntimeError, SystemExit, subprocess.CalledProcessError):
         pass    # the results file (or its absence) tells what happened
+    finally:
+        if relay is not None:
+            relay.stop()
     seconds = time.monotonic() - started
     try:
         tests, failed = get_results(results)

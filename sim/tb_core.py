@@ -146,6 +146,41 @@ class _FastHbm:
                                  f"serve: {HBM_ERRORS[code]} (error {code})")
 
 
+#: Seconds between progress lines of a long run (OPENTRN_PROGRESS; the environment's
+#: OPENTRN_PROGRESS_SECONDS overrides it).
+PROGRESS_SECONDS = 5.0
+
+
+async def _wait_for_interrupt(dut, watchdog, label):
+    """Wait for ``irq`` for at most ``watchdog`` cycles; True if it came. With
+    ``OPENTRN_PROGRESS`` set (a file the runner relays), wake every so many cycles to add
+    a line of how far the run is, about every :data:`PROGRESS_SECONDS`: a wake-up costs
+    microseconds, so a fast run is not slowed and a slow one is not silent."""
+    path = os.environ.get("OPENTRN_PROGRESS")
+    every = float(os.environ.get("OPENTRN_PROGRESS_SECONDS", PROGRESS_SECONDS))
+    if dut.irq.value:
+        return True
+    if not path:
+        await First(RisingEdge(dut.irq), Timer(watchdog * harness.CLOCK_PERIOD_NS, unit="ns"))
+        return bool(dut.irq.value)
+    waited, chunk, started, told = 0, 1000, time.monotonic(), time.monotonic()
+    while waited < watchdog:
+        step = min(chunk, watchdog - waited)
+        await First(RisingEdge(dut.irq), Timer(step * harness.CLOCK_PERIOD_NS, unit="ns"))
+        if dut.irq.value:
+            return True
+        waited += step
+        now = time.monotonic()
+        rate = waited / max(now - started, 1e-6)
+        # The next wake about ``every`` seconds on, at the speed seen so far.
+        chunk = max(1000, int(rate * every))
+        if now - told >= every / 2:
+            told = now
+            with open(path, "a") as f:
+                f.write(f"{label}: {waited:,} cycles simulated ({rate:,.0f} cycles/s)\n")
+    return False
+
+
 @cocotb.test()
 async def run_jobs(dut):
     config = harness.config()
@@ -183,15 +218,12 @@ async def run_jobs(dut):
         started = get_sim_time("step")
         await host.write("CONTROL", CONTROL_START)
         watchdog = int(job["watchdog"])
-        if not dut.irq.value:
-            fired = await First(RisingEdge(dut.irq),
-                                Timer(watchdog * harness.CLOCK_PERIOD_NS, unit="ns"))
-            if not dut.irq.value:
-                status = unpack("STATUS", await host.read("STATUS"))
-                counters = {name: await host.read64(name.upper()) for name in COUNTERS}
-                raise AssertionError(
-                    f"job {index}: no interrupt within {watchdog} cycles ({fired}); "
-                    f"status {status}; counters {counters}\n{await _engine_states(core)}")
+        if not await _wait_for_interrupt(dut, watchdog, f"job {index + 1} of {len(jobs)}"):
+            status = unpack("STATUS", await host.read("STATUS"))
+            counters = {name: await host.read64(name.upper()) for name in COUNTERS}
+            raise AssertionError(
+                f"job {index}: no interrupt within {watchdog} cycles; "
+                f"status {status}; counters {counters}\n{await _engine_states(core)}")
         wall = time.monotonic() - wall
         status = unpack("STATUS", await host.read("STATUS"))
         error_pc = await host.read64("ERROR_PC")

@@ -126,6 +126,8 @@ def test_shrinking_keeps_only_the_operation_that_fails(monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--count", "0"], "--count=0: must be at least 1"),
     (["--count", "99999999999"], "--count=99999999999: at most 1,000,000 programs"),
+    (["--jobs", "99999999999999999999"],
+     "--jobs=99999999999999999999: at most this machine's"),
     (["--seeds", "-1"], "--seeds=-1: must be at least 0"),
     (["--illegal", "1.5"], "--illegal=1.5: must be a share from 0 to 1"),
     (["--count", "3", "--shrink"], "--shrink: shrinks one program; give --count 1, not 3"),

@@ -359,15 +359,22 @@ def test_the_fast_hbm_is_chosen_where_it_can_serve():
 
 
 @pytest.mark.sim
-def test_tensor_engine_is_busy_90_percent_on_a_compute_bound_gemm():
+def test_tensor_engine_is_busy_90_percent_on_a_compute_bound_gemm(monkeypatch):
     """The issue's target: a 128x128x128 GEMM on tiny keeps the array busy >= 90% of the
-    kernel's cycles (counters), thanks to double buffering and background weight loads."""
+    kernel's cycles (counters), thanks to double buffering and background weight loads.
+    The run also tells its progress (every 0.05 s here, every 5 s by default)."""
     sim = runner.long_run_simulator()
     require_simulator(sim)
     rng = np.random.default_rng(3)
     a, b = _int8(rng, (128, 128)), _int8(rng, (128, 128))
     program, expected = kernels.gemm(TINY, a.T.copy(), b)
-    (outcome,), _ = run_programs([program], sim=sim)
+    monkeypatch.setenv("OPENTRN_PROGRESS_SECONDS", "0.05")
+    lines = []
+    (outcome,), _ = run_programs([program], sim=sim, progress=lines.append)
+    told = [int(line.split(": ")[1].split()[0].replace(",", "")) for line in lines
+            if line.startswith("job 1 of 1: ")]
+    assert len(told) >= 2 and told == sorted(told), lines
+    assert told[-1] < outcome.counters["cycles"]
     assert outcome.fault == Fault.NONE
     assert np.array_equal(program.read_outputs(outcome.hbm)["c"], expected["c"])
     counters = outcome.counters
@@ -385,8 +392,8 @@ def test_watchdog_turns_a_hang_into_a_failure_with_the_engine_states():
     sim = runner.long_run_simulator()
     require_simulator(sim)
     _, program, _ = _kernel_jobs(TINY)[2]
-    with pytest.raises(CoreRunError) as info:
-        run_programs([program], sim=sim, watchdog=50)
+    with pytest.raises(CoreRunError) as info:     # the progress-telling wait, too
+        run_programs([program], sim=sim, watchdog=50, progress=lambda text: None)
     log = info.value.result.log.read_text()
     assert "no interrupt within 50 cycles" in log
     for engine in ("DMA", "TENSOR", "ACTIVATION"):

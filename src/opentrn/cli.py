@@ -598,6 +598,8 @@ def _compare_rtl(args, cfg, m, k, n, dtype):
 def _cmd_project(args):
     cfg = _config(args)
     _positive("--chips", args.chips)
+    if args.seed < 0:
+        raise ConfigError(f"--seed={args.seed}: must be at least 0")
     if not 0 <= args.hop_latency < math.inf:
         raise ConfigError(f"--hop-latency={args.hop_latency}: must not be negative, and "
                           "finite")
@@ -633,6 +635,10 @@ def _cmd_fuzz(args):
                              ("--jobs", args.jobs, 1)):
         if value < low:
             raise ConfigError(f"{name}={value}: must be at least {low}")
+    cores = os.cpu_count() or 1
+    if args.jobs > cores:
+        # Each worker runs a simulator: more of them than cores only adds memory.
+        raise ConfigError(f"--jobs={args.jobs}: at most this machine's {cores} cores")
     if args.count > fuzz.MAX_PROGRAMS:
         raise ConfigError(f"--count={args.count}: at most {fuzz.MAX_PROGRAMS:,} programs a "
                           "campaign (its results stay in memory); run several with --seeds")
