@@ -29,13 +29,13 @@ its value and the rule, so that no instruction the hardware would refuse is ever
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from opentrn import isa, numerics
@@ -44,8 +44,9 @@ from opentrn.hdl.dma import _addr_bits
 
 __all__ = ["Kernel", "KernelError", "KernelRunError", "Program", "Tensor", "SbufTile",
            "PsumTile", "View", "Pattern", "golden_backend", "PROGRAM_ALIGN", "TENSOR_ALIGN",
-           "FUNCTIONS", "ENGINE_NAMES", "OUTPUT_FILL", "FORMAT_DTYPES", "format_of_dtype",
-           "mismatches", "same_bits", "tensor_format"]
+           "FUNCTIONS", "ENGINE_NAMES", "OUTPUT_FILL", "format_dtype", "format_of_dtype",
+           "mismatches", "same_bits", "tensor_format",
+           "FORMAT_DTYPES"]  # noqa: F822 (made on first use by __getattr__)
 
 #: Alignment of each instruction stream in the HBM image (an AXI4 4 KiB boundary).
 PROGRAM_ALIGN = 4096
@@ -63,21 +64,43 @@ _DMA, _TENSOR, _ACT = isa.Engine.DMA, isa.Engine.TENSOR, isa.Engine.ACTIVATION
 _SIZE_MAX = (1 << 16) - 1      # DMA n0, n1, n2 fields
 _PART_MAX = (1 << 8) - 1       # DMA partition and partition-step fields
 _SEM_MAX = (1 << 32) - 1       # semaphore values
-#: The numpy dtype of each format's elements in HBM tensors (``ml_dtypes`` for the float
-#: formats below FP32).
-FORMAT_DTYPES = {
-    "int8": np.dtype(np.int8), "int32": np.dtype(np.int32),
-    "bf16": np.dtype(ml_dtypes.bfloat16), "fp8e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "fp8e5m2": np.dtype(ml_dtypes.float8_e5m2), "fp32": np.dtype(np.float32),
-    "e8m0": np.dtype(np.uint8),     # the MX formats' block scales (docs/numerics.md)
-}
-_DTYPE_FORMATS = {dtype: name for name, dtype in FORMAT_DTYPES.items()}
-_DTYPE_RULE = "must be one of " + ", ".join(d.name for d in FORMAT_DTYPES.values())
+@functools.cache
+def _format_dtypes():
+    """:data:`FORMAT_DTYPES`, made on first use: ``ml_dtypes`` takes most of a second to
+    import, which a command that only checks its arguments should not pay."""
+    return {
+        "int8": np.dtype(np.int8), "int32": np.dtype(np.int32),
+        **{name: np.dtype(numerics.float_format(name).numpy_type)
+           for name in ("bf16", "fp8e4m3", "fp8e5m2", "fp32")},
+        "e8m0": np.dtype(np.uint8),     # the MX formats' block scales (docs/numerics.md)
+    }
+
+
+@functools.cache
+def _dtype_formats():
+    return {dtype: name for name, dtype in _format_dtypes().items()}
+
+
+def _dtype_rule():
+    return "must be one of " + ", ".join(d.name for d in _format_dtypes().values())
+
+
+def __getattr__(name):
+    # FORMAT_DTYPES: the numpy dtype of each format's elements in HBM tensors (``ml_dtypes``
+    # for the float formats below FP32), made when first asked for.
+    if name == "FORMAT_DTYPES":
+        return _format_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def format_dtype(name):
+    """The numpy dtype of format ``name``'s elements in HBM tensors."""
+    return _format_dtypes()[name]
 
 
 def format_of_dtype(dtype):
     """The format name (docs/numerics.md) of a numpy dtype of :data:`FORMAT_DTYPES`."""
-    return _DTYPE_FORMATS[np.dtype(dtype)]
+    return _dtype_formats()[np.dtype(dtype)]
 
 
 def same_bits(a, b):
@@ -538,8 +561,8 @@ class Kernel:
         array = np.asarray(array)
         if array.ndim != 2 or 0 in array.shape:
             _fail(f"{name}.shape", array.shape, "must be 2-D and non-empty")
-        if array.dtype not in _DTYPE_FORMATS:
-            _fail(f"{name}.dtype", str(array.dtype), _DTYPE_RULE)
+        if array.dtype not in _dtype_formats():
+            _fail(f"{name}.dtype", str(array.dtype), _dtype_rule())
         name = self._new_name(name)
         return self._new_tensor(name, tuple(array.shape), array.dtype, "input", array.copy())
 
@@ -555,9 +578,9 @@ class Kernel:
         try:
             dtype = np.dtype(dtype)
         except TypeError:
-            _fail(f"{name}.dtype", dtype, _DTYPE_RULE)
-        if dtype not in _DTYPE_FORMATS:
-            _fail(f"{name}.dtype", str(dtype), _DTYPE_RULE)
+            _fail(f"{name}.dtype", dtype, _dtype_rule())
+        if dtype not in _dtype_formats():
+            _fail(f"{name}.dtype", str(dtype), _dtype_rule())
         name = self._new_name(name)
         return self._new_tensor(name, shape, dtype, "output")
 

@@ -48,13 +48,13 @@ import numpy as np
 from opentrn import isa, numerics
 from opentrn.config import Config
 from opentrn.kernel import (
-    FORMAT_DTYPES,
     Kernel,
     KernelError,
     Pattern,
     Program,
     SbufTile,
     Tensor,
+    format_dtype,
     format_of_dtype,
     tensor_format,
 )
@@ -81,7 +81,7 @@ def _element(fmt):
 
 def _dtype(fmt):
     """The numpy dtype of ``fmt``'s elements."""
-    return FORMAT_DTYPES[_element(fmt)]
+    return format_dtype(_element(fmt))
 
 
 # -- numpy references (int64, independent of the golden machine) -----------------------------
@@ -164,7 +164,7 @@ def reference_activation_float(x, *, scale=1.0, bias=None, relu=False, out="fp32
     nan = np.uint32(numerics.CANONICAL_NAN32).view(np.float32)
     y = np.where(np.isnan(y), nan, y).astype(np.float32)
     with np.errstate(all="ignore"):
-        return y.astype(FORMAT_DTYPES[out])
+        return y.astype(format_dtype(out))
 
 
 def _matrix(name, value, dtype, rows=None):
@@ -207,7 +207,7 @@ def _mx_format(name, fmt, block_scales, parts):
         return fmt, None
     if fmt not in _MX_OF:
         raise KernelError(
-            f"block_scales: given with {name}.dtype={FORMAT_DTYPES[fmt].name} ({fmt}): block "
+            f"block_scales: given with {name}.dtype={format_dtype(fmt).name} ({fmt}): block "
             "scales make an MX format, whose elements are FP8: float8_e4m3fn (mxfp8e4m3) or "
             "float8_e5m2 (mxfp8e5m2)")
     if not isinstance(block_scales, tuple | list) or len(block_scales) != len(parts):
@@ -715,7 +715,7 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
         bias = _vector("bias", bias, M, np.float32 if floating else np.int32)
         bias_tensor = k.input("bias", bias.reshape(M, 1))
     out_name = "c" if bias is None else "y"
-    C = k.output(out_name, (M, N), FORMAT_DTYPES[out])
+    C = k.output(out_name, (M, N), format_dtype(out))
     size = numerics.data_format(out).bytes
     rows = -(-K // rate)                     # K in rows of packed columns
     sched = _Schedule(k, columns=N, k_tiles=-(-rows // kt_rows),
@@ -898,7 +898,7 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
         align = max(4, cfg.dma_bus_bytes)
         fixed += -(-unit_cols // align) * align
     size = numerics.data_format(out).bytes
-    OUT = k.output("out_t", (d_out, batch), FORMAT_DTYPES[out])
+    OUT = k.output("out_t", (d_out, batch), format_dtype(out))
     hidden_tiles = -(-hidden // P)
     element = numerics.data_format(fmt).bytes
     sched = _Schedule(k, columns=batch,
@@ -955,7 +955,7 @@ def random_inputs(rng, shape, dtype):
     if dtype == "int8":
         return rng.integers(-128, 128, shape).astype(np.int8)
     element = numerics.data_format(dtype).element.name
-    return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[element])
+    return rng.standard_normal(shape).astype(np.float32).astype(format_dtype(element))
 
 
 def random_scales(rng, rows, cols):

@@ -15,9 +15,9 @@ The MX formats (OCP Microscaling) are an element format plus one E8M0 scale per
 code 255 a NaN. docs/numerics.md states the arithmetic.
 """
 
+import importlib
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 __all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
@@ -35,7 +35,14 @@ class FloatFormat:
     exp_bits: int
     man_bits: int
     nan_style: str           # "ieee" or "fn" (see the module docstring)
-    numpy_type: type
+    # "module.type" of its numpy scalar type: ml_dtypes is imported when first needed (it
+    # takes most of a second, which every command would pay before its first word).
+    numpy_type_path: str
+
+    @property
+    def numpy_type(self):
+        module, _, name = self.numpy_type_path.rpartition(".")
+        return getattr(importlib.import_module(module), name)
 
     @property
     def bits(self):
@@ -84,10 +91,10 @@ class FloatFormat:
         return {8: np.uint8, 16: np.uint16, 32: np.uint32}[self.bits]
 
 
-FP32 = FloatFormat("fp32", 8, 23, "ieee", np.float32)
-BF16 = FloatFormat("bf16", 8, 7, "ieee", ml_dtypes.bfloat16)
-FP8E4M3 = FloatFormat("fp8e4m3", 4, 3, "fn", ml_dtypes.float8_e4m3fn)
-FP8E5M2 = FloatFormat("fp8e5m2", 5, 2, "ieee", ml_dtypes.float8_e5m2)
+FP32 = FloatFormat("fp32", 8, 23, "ieee", "numpy.float32")
+BF16 = FloatFormat("bf16", 8, 7, "ieee", "ml_dtypes.bfloat16")
+FP8E4M3 = FloatFormat("fp8e4m3", 4, 3, "fn", "ml_dtypes.float8_e4m3fn")
+FP8E5M2 = FloatFormat("fp8e5m2", 5, 2, "ieee", "ml_dtypes.float8_e5m2")
 
 #: The floating-point formats, by name.
 FLOAT_FORMATS = {f.name: f for f in (FP32, BF16, FP8E4M3, FP8E5M2)}
