@@ -29,10 +29,18 @@ class CoreRunError(RuntimeError):
 HBMS = ("fast", "axi")
 
 
-def choose_hbm(config, hbm=None, *, latency=(0, 0), backpressure=0.0):
+#: The most HBM the fast memory holds by default on Icarus: Icarus keeps four-state
+#: memories, about 46 bytes a bus word (743 MB for the ``fpga`` preset's 128 MiB, and 8 s
+#: of start-up, against 214 MB with cocotbext-axi's pages-on-use RAM), for at most 1.4x on
+#: Icarus (docs/performance.md); past it the default is ``axi``.
+ICARUS_FAST_HBM_BYTES = 16 << 20
+
+
+def choose_hbm(config, hbm=None, *, latency=(0, 0), backpressure=0.0, sim=None):
     """The HBM of a run: ``hbm`` if given and able to serve it, else ``fast`` where it can
-    serve (a fixed latency, no back-pressure, an HBM it can hold), else ``axi``. Raises
-    ``ValueError`` naming the setting that ``hbm="fast"`` cannot serve."""
+    serve (a fixed latency, no back-pressure, an HBM it can hold) and pays (on Icarus, an
+    HBM of at most :data:`ICARUS_FAST_HBM_BYTES`), else ``axi``. Raises ``ValueError``
+    naming the setting that ``hbm="fast"`` cannot serve."""
     from opentrn.hdl.axi4_memory import MAX_BYTES
 
     low, high = (int(x) for x in latency)
@@ -51,6 +59,8 @@ def choose_hbm(config, hbm=None, *, latency=(0, 0), backpressure=0.0):
     if hbm == "fast" and reasons:
         raise ValueError("hbm='fast' cannot serve this run: " + "; ".join(reasons)
                          + "; use hbm='axi'")
+    if hbm is None and sim == "icarus" and config.hbm_bytes > ICARUS_FAST_HBM_BYTES:
+        return "axi"
     return hbm or ("axi" if reasons else "fast")
 
 
@@ -80,7 +90,7 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
     :data:`HBMS`, default :func:`choose_hbm`'s (both give the same cycles at a fixed
     latency). A simulation that fails raises :class:`CoreRunError`."""
     sim = sim or runner.long_run_simulator()
-    hbm_kind = choose_hbm(config, hbm, latency=latency, backpressure=backpressure)
+    hbm_kind = choose_hbm(config, hbm, latency=latency, backpressure=backpressure, sim=sim)
     with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
         folder = Path(folder)
         specs = []

@@ -179,9 +179,9 @@ def _core_simulator(args, cfg):
     from opentrn.hdl import check
     from opentrn.sim import runner
     from opentrn.sim.core import choose_hbm
-    args.hbm = choose_hbm(cfg, getattr(args, "hbm", None))
-    check("core_with_memory" if args.hbm == "fast" else "core", cfg)
     sim = args.sim or runner.default_simulator()
+    args.hbm = choose_hbm(cfg, getattr(args, "hbm", None), sim=sim)
+    check("core_with_memory" if args.hbm == "fast" else "core", cfg)
     reason = runner.available(sim)
     if reason is not None:
         raise runner.SimulatorMissing(reason)
@@ -706,7 +706,8 @@ def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--hbm", choices=("fast", "axi"),
                         help="the HBM: fast, in hardware beside the core (no Python on the "
                         "clock), or axi, cocotbext-axi's RAM answering from Python; the same "
-                        "cycles (default: fast where it can hold the HBM)")
+                        "cycles (default: fast where it can hold the HBM, on Icarus up to "
+                        "16 MiB of it)")
     parser.add_argument("--seed", type=int, default=1, help="input data seed (default: 1)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--dtype", choices=DTYPES, default="int8",
