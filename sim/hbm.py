@@ -106,8 +106,8 @@ class _Read(AxiRamRead):
 
 
 class _Write(AxiRamWrite):
-    def __init__(self, bus, clock, *, mem, timing, errors):
-        self._timing, self._errors = timing, errors
+    def __init__(self, bus, clock, *, mem, timing, errors, written):
+        self._timing, self._errors, self._written = timing, errors, written
         super().__init__(bus, clock, mem=mem)
 
     async def _process_write(self):
@@ -132,6 +132,10 @@ class _Write(AxiRamWrite):
                     continue
                 data = int(w.wdata).to_bytes(lanes, "little")
                 strobe = int(w.wstrb)
+                if strobe:
+                    at = word_address % self.size
+                    self._written[:] = (min(self._written[0], at),
+                                        max(self._written[1], at + lanes))
                 for lane in range(lanes):
                     if strobe >> lane & 1:
                         self.write((word_address + lane) % self.size, data[lane:lane + 1])
@@ -151,17 +155,21 @@ class _Write(AxiRamWrite):
 
 
 class HbmModel(Memory):
-    """An AXI4 memory of ``size`` bytes on the manager port ``prefix`` of ``dut``."""
+    """An AXI4 memory of ``size`` bytes on the manager port ``prefix`` of ``dut``.
+    ``written`` is ``[begin, end)`` of the bytes the port has written (``[size, 0]``: none),
+    so that a new image clears only what was used (the memory is an mmap: pages the
+    simulation never touches take no memory)."""
 
     def __init__(self, dut, prefix, clock, *, size, period_ns, latency=0, backpressure=0.0,
                  seed=0):
         super().__init__(size)
         self.read_errors, self.write_errors = {}, {}
+        self.written = [size, 0]
         bus = AxiBus.from_prefix(dut, prefix)
         rng = random.Random(seed)
         timing = _Timing(clock, period_ns, latency, rng)
         self.write_if = _Write(bus.write, clock, mem=self.mem, timing=timing,
-                               errors=self.write_errors)
+                               errors=self.write_errors, written=self.written)
         self.read_if = _Read(bus.read, clock, mem=self.mem, timing=timing,
                              errors=self.read_errors)
         if backpressure:

@@ -105,11 +105,17 @@ class _AxiHbm:
         self.model = HbmModel(dut, "axi_", dut.clk, size=config.hbm_bytes,
                               period_ns=harness.CLOCK_PERIOD_NS, latency=latency,
                               backpressure=backpressure, seed=harness.setting("seed", 1))
+        self.loaded = 0
 
     async def load(self, image):
-        # Each job sees a fresh HBM: its image, zeros beyond.
-        self.model.write(0, bytes(self.model.size))
+        # Each job sees a fresh HBM, its image and zeros beyond: clear what the last job's
+        # image and writes covered, not the whole HBM (whose untouched pages take no memory).
+        used = max(self.loaded, self.model.written[1])
+        if used:
+            self.model.write(0, bytes(used))
         self.model.write(0, image.tobytes())
+        self.loaded = len(image)
+        self.model.written[:] = [self.model.size, 0]
 
     def read_back(self, length):
         return np.frombuffer(self.model.read(0, length), dtype=np.uint8)
