@@ -193,14 +193,15 @@ class AXI4Memory(wiring.Component):
         check(_W_FIRST, axi.wvalid & ~writes.r_rdy)
         w_last = Signal()
         m.d.comb += w_last.eq(w_taken & axi.wlast)
+        # Nothing written yet: written_end, one past a written word, is 0 only then.
         written = Signal()
+        m.d.comb += written.eq(self.written_end != 0)
         begin, end = Signal.like(self.written_begin), Signal.like(self.written_end)
         m.d.comb += [begin.eq(Cat(C(0, word_bits), current.word + w_beat)),
                      end.eq(begin + bus_bytes)]
         with m.If(self.clear_written):
-            m.d.sync += [written.eq(0), self.written_begin.eq(0), self.written_end.eq(0)]
+            m.d.sync += [self.written_begin.eq(0), self.written_end.eq(0)]
         with m.Elif(w_taken):
-            m.d.sync += written.eq(1)
             with m.If(~written | (begin < self.written_begin)):
                 m.d.sync += self.written_begin.eq(begin)
             with m.If(~written | (end > self.written_end)):

@@ -121,6 +121,10 @@ class _Write(AxiRamWrite):
             assert int(aw.awsize) == lanes.bit_length() - 1, "narrow bursts are not modelled"
             assert 0x1000 - (address & 0xFFF) >= beats * lanes, "burst crosses 4 KiB"
             resp = AxiResp.OKAY
+            # Once a burst, not per beat: a burst's bytes (whatever its strobes) bound it.
+            first = address % self.size
+            self._written[:] = (min(self._written[0], first),
+                                max(self._written[1], first + beats * lanes))
             for beat in range(beats):
                 w = await self.w_channel.recv()
                 word_address = address + beat * lanes
@@ -132,10 +136,6 @@ class _Write(AxiRamWrite):
                     continue
                 data = int(w.wdata).to_bytes(lanes, "little")
                 strobe = int(w.wstrb)
-                if strobe:
-                    at = word_address % self.size
-                    self._written[:] = (min(self._written[0], at),
-                                        max(self._written[1], at + lanes))
                 for lane in range(lanes):
                     if strobe >> lane & 1:
                         self.write((word_address + lane) % self.size, data[lane:lane + 1])
@@ -156,7 +156,7 @@ class _Write(AxiRamWrite):
 
 class HbmModel(Memory):
     """An AXI4 memory of ``size`` bytes on the manager port ``prefix`` of ``dut``.
-    ``written`` is ``[begin, end)`` of the bytes the port has written (``[size, 0]``: none),
+    ``written`` is ``[begin, end)`` of the bursts the port has written (``[size, 0]``: none),
     so that a new image clears only what was used (the memory is an mmap: pages the
     simulation never touches take no memory)."""
 

@@ -30,9 +30,9 @@ from cocotb_tools.runner import Icarus, Verilator
 
 from opentrn import hdl
 
-__all__ = ["SIMULATORS", "SimulatorMissing", "SimResult", "available", "default_simulator",
-           "long_run_simulator",
-           "verilog_source", "build", "build_info", "lint", "run"]
+__all__ = ["SIMULATORS", "SimulatorMissing", "SimResult", "available", "require",
+           "default_simulator", "long_run_simulator", "verilog_source", "build", "build_info",
+           "lint", "run"]
 
 SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
@@ -103,6 +103,13 @@ def available(sim):
     if shutil.which("make") is None or shutil.which(os.environ.get("CXX", "g++")) is None:
         return "Verilator needs make and a C++ compiler (apt-get install make g++)"
     return None
+
+
+def require(sim):
+    """Raise :class:`SimulatorMissing` with the reason when ``sim`` cannot run here."""
+    reason = available(sim)
+    if reason is not None:
+        raise SimulatorMissing(reason)
 
 
 def default_simulator():
@@ -260,9 +267,7 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
     ``waves``: a Verilator model that can trace (a separate build: tracing code slows
     every cycle by about 15% even when it is off, and doubles the build); Icarus models
     always can."""
-    reason = available(sim)
-    if reason is not None:
-        raise SimulatorMissing(reason)
+    require(sim)
     waves = waves and sim == "verilator"
     recipe = _hardware_digest() + (f"{verilator_optimization(top)}-h{hier_block_pes()}"
                                    + ("-waves" if waves else "")
@@ -478,9 +483,7 @@ def lint(verilog_file, top, *, per_module=False, progress=None):
     memory grow with the number of processing elements, so the 128x128 array (16 times as
     many) does not fit in this machine's 24 GiB (docs/performance.md, "Verilog generation").
     """
-    reason = available("verilator")
-    if reason is not None:
-        raise SimulatorMissing(reason)
+    require("verilator")
     verilog_file = Path(verilog_file)
     if not per_module:
         return _lint_one(verilog_file, top)

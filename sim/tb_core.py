@@ -195,8 +195,8 @@ async def run_jobs(dut):
     latency = tuple(int(x) for x in latency_text.split(","))
     backpressure = harness.setting("backpressure", 0.0, float)
     # The clock alone (no per-cycle agents): with the fast HBM nothing else is clocked, and
-    # the simulator's own clock ("gpi") keeps Python off every edge (1.3-3.5x faster than
-    # cocotb's Python clock on Verilator, docs/performance.md). Low first: a rising edge at
+    # the simulator's own clock ("gpi") keeps Python off every edge (about 3x cocotb's Python
+    # clock on Verilator, docs/performance.md). Low first: a rising edge at
     # time 0 would sample the host port's signals before they leave X.
     Clock(dut.clk, harness.CLOCK_PERIOD_NS, unit="ns", impl="gpi").start(start_high=False)
     fast = os.environ.get("OPENTRN_HBM", "axi") == "fast"

@@ -182,9 +182,7 @@ def _core_simulator(args, cfg):
     sim = args.sim or runner.default_simulator()
     args.hbm = choose_hbm(cfg, getattr(args, "hbm", None), sim=sim)
     check("core_with_memory" if args.hbm == "fast" else "core", cfg)
-    reason = runner.available(sim)
-    if reason is not None:
-        raise runner.SimulatorMissing(reason)
+    runner.require(sim)
     return sim
 
 
@@ -658,9 +656,7 @@ def _cmd_fuzz(args):
             raise ConfigError(f"--ray={args.ray}: {str(exc).partition(': ')[2]}") from None
     check("core_with_memory", cfg)
     sim = args.sim or runner.long_run_simulator()
-    reason = runner.available(sim)
-    if reason is not None:
-        raise runner.SimulatorMissing(reason)
+    runner.require(sim)
     progress = _Progress()
     preset = f"--preset {args.preset} " if args.preset else ""
     extra = (f" --file {args.file}" if args.file else "") + "".join(

@@ -215,10 +215,9 @@ class _Generator:
                              avoid=_side_box(src, row_bytes, n1, n2))
             if dst is None:
                 continue
-            accesses = [(*_side_box(src, row_bytes, n1, n2)[:1], False,
-                         _side_box(src, row_bytes, n1, n2)[1]),
-                        (*_side_box(dst, row_bytes, n1, n2)[:1], True,
-                         _side_box(dst, row_bytes, n1, n2)[1])]
+            (src_space, src_box), (dst_space, dst_box) = (
+                _side_box(side, row_bytes, n1, n2) for side in (src, dst))
+            accesses = [(src_space, False, src_box), (dst_space, True, dst_box)]
             fields = _dma_fields(src, dst, n0, n1, n2, elem_log2)
             return Operation(DMA, f"DMA {src_space.name}->{dst_space.name}",
                              [(Opcode.DMA, fields, accesses)])
@@ -240,7 +239,6 @@ class _Generator:
         rng, cfg, lay = self.rng, self.config, self.layout
         fmt = rng.choice(self.formats)
         column = numerics.column_bytes(cfg, fmt)
-        element = numerics.data_format(fmt).bytes
         rows, cols = rng.randint(1, cfg.pe_rows), rng.randint(1, cfg.pe_cols)
         offset = rng.randrange((lay.sbuf_window - cols * column) // column + 1) * column
         scale_fields, scale_access = self._scales(fmt, cols)
@@ -251,7 +249,6 @@ class _Generator:
                          [(Space.SBUF, False, _box(0, rows - 1, offset,
                                                    offset + cols * column - 1))]
                          + scale_access)]
-        del element
         entry_bytes = 4
         for _ in range(rng.choice((1, 1, 2, 3))):
             n = rng.randint(1, min(cfg.moving_max, cfg.psum_bank_entries))
@@ -693,7 +690,8 @@ def generate(config, seed, *, operations=None, fault=None, keep=None):
     count = operations if operations is not None else rng.randint(4, 40)
     body = gen.body(count)
     if keep is not None:
-        body = [op for index, op in enumerate(body) if index in set(keep)]
+        keep = set(keep)
+        body = [op for index, op in enumerate(body) if index in keep]
     ops = gen.prologue() + body + gen.epilogue()
     image = np.zeros(gen.layout.total, np.uint8)
     data = np.frombuffer(random.Random(seed + 1).randbytes(gen.layout.data_bytes), np.uint8)
