@@ -249,8 +249,9 @@ def run(config, program):
 
 
 def latency(config):
-    """Cycles from a moving vector's acceptance to its result beat: ``K + M - 1``."""
-    return config.pe_rows + config.pe_cols - 1
+    """Cycles from a moving vector's acceptance to its result beat: ``K + M - 1 + S``, with
+    ``S = config.pe_multiply_stages`` registers between the PEs' multipliers and adders."""
+    return config.pe_rows + config.pe_cols - 1 + config.pe_multiply_stages
 
 
 def load_cycles(config):

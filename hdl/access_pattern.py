@@ -17,7 +17,7 @@ class AccessPatternWalker(wiring.Component):
     Row ``(i1, i2)`` (``i1 < n1`` fastest) starts at byte ``addr + i1 * stride1 + i2 *
     stride2`` of partition ``partition + i1 * pstep1 + i2 * pstep2`` and is ``row_bytes``
     long. A row covers the ``word_bytes``-aligned words from its first byte to its last; the
-    first and last may be partial (``first_lane``, ``last_lane``). ``step`` consumes
+    first and last may be partial (``first_lane``, ``lane_count``). ``step`` consumes
     ``step_words`` words of the current row (1 for a word at a time; ``burst_words`` for an
     AXI4 burst), moving to the next row at the end of one, and ends the walk after the last.
 
@@ -37,8 +37,10 @@ class AccessPatternWalker(wiring.Component):
     word : ``Out(addr_bits - log2(word_bytes))``
         Index of the current word.
     row_partition : ``Out(partition_bits)``
-    first_lane, last_lane : ``Out(range(word_bytes))``
-        Bytes of the current word that belong to the row.
+    first_lane : ``Out(range(word_bytes))``
+        The first byte of the current word that belongs to the row.
+    lane_count : ``Out(range(word_bytes + 1))``
+        How many bytes of the current word, from ``first_lane``, belong to the row.
     words_left : ``Out(...)``
         Words of the row from the current one to its end.
     burst_words : ``Out(range(max_burst + 1))``
@@ -62,7 +64,7 @@ class AccessPatternWalker(wiring.Component):
             "address": Out(addr_bits),
             "word": Out(addr_bits - self._log2_word),
             "row_partition": Out(partition_bits),
-            "first_lane": Out(range(word_bytes)), "last_lane": Out(range(word_bytes)),
+            "first_lane": Out(range(word_bytes)), "lane_count": Out(range(word_bytes + 1)),
             "words_left": Out(addr_bits + 1),
             "burst_words": Out(range(max_burst + 1)),
         })
@@ -71,51 +73,96 @@ class AccessPatternWalker(wiring.Component):
         m = Module()
         shift, lanes = self._log2_word, self._word_bytes - 1
         bits = self._addr_bits + 2          # sums of an address and a row length
+        boundary_words = BOUNDARY_BYTES >> shift
 
+        # Every output is a register or a bit of one: the DMA's issue logic, the AXI burst
+        # length and the next step all start from flip-flops (docs/fpga.md, "Timing"). What
+        # a new row needs is kept ready: the next row's and the next plane's first byte.
         cur = Signal(bits)                   # current byte (unaligned at a row's start only)
-        row_end = Signal(bits)               # one past the row's last byte
-        plane_addr = Signal(bits)
+        left = Signal(bits)                  # words of the row from the current one
+        tail_count = Signal(range(self._word_bytes + 1))  # bytes of the row's last word
+        to_boundary = Signal(range(boundary_words + 1))  # words to the next 4 KiB boundary
+        burst = Signal(range(self._max_burst + 1))
+        next_row = Signal(bits)              # first byte of the next row of this plane
+        next_plane = Signal(bits)            # first byte of the next plane's first row
         plane_part = Signal.like(self.partition)
-        i1 = Signal.like(self.n1)
-        i2 = Signal.like(self.n2)
+        # Rows left after this one in its plane, planes left after this one: counted down,
+        # so that "another row?" is a test for zero, not a sum and a comparison.
+        rows_after = Signal.like(self.n1)
+        planes_after = Signal.like(self.n2)
 
-        cur_word = cur >> shift
-        last_word = (row_end - 1) >> shift
-        words_left = Signal(bits)
         m.d.comb += [
-            words_left.eq(last_word - cur_word + 1),
-            self.words_left.eq(words_left),
-            self.address.eq(cur_word << shift),
-            self.word.eq(cur_word),
+            self.words_left.eq(left),
+            self.address.eq((cur >> shift) << shift),
+            self.word.eq(cur >> shift),
             self.first_lane.eq(cur[:shift] if shift else 0),
-            self.last_lane.eq(Mux(words_left == 1, (row_end - 1)[:shift] if shift else 0,
-                                  lanes)),
+            self.burst_words.eq(burst),
         ]
-        words_to_boundary = (BOUNDARY_BYTES >> shift) - cur[shift:12]
-        to_boundary = Mux(words_to_boundary < self._max_burst, words_to_boundary,
-                          self._max_burst)
-        m.d.comb += self.burst_words.eq(Mux(words_left < to_boundary, words_left, to_boundary))
+
+        def bursts(words_left, words_to_boundary):
+            """min(max_burst, words_left, words_to_boundary): the three comparisons side by
+            side, then a choice, rather than one minimum after the other."""
+            boundary_first = words_to_boundary < self._max_burst
+            return Mux(boundary_first,
+                       Mux(words_left < words_to_boundary, words_left, words_to_boundary),
+                       Mux(words_left < self._max_burst, words_left, self._max_burst))
 
         def start_row(address, partition):
-            return [cur.eq(address), row_end.eq(address + self.row_bytes),
+            """Registers of a row starting at byte ``address``: a row of ``row_bytes`` from
+            lane ``address % word_bytes`` covers ``(lane + row_bytes - 1) // word_bytes + 1``
+            words (the DMA checks every row lies in its space before the walk, so the sums
+            do not wrap); the 4 KiB boundary is ``boundary_words - address[shift:12]`` words
+            away."""
+            lane = address[:shift] if shift else 0
+            row_words = Signal(bits, name="row_words")
+            last = Signal(bits, name="row_last")
+            row_to_boundary = Signal.like(to_boundary, name="row_to_boundary")
+            one_word = Signal(name="row_one_word")
+            m.d.comb += [
+                last.eq(lane + self.row_bytes - 1),
+                row_words.eq((last >> shift) + 1),
+                one_word.eq((last >> shift) == 0),
+                row_to_boundary.eq(boundary_words - address[shift:12]),
+            ]
+            return [cur.eq(address), left.eq(row_words),
+                    tail_count.eq((last[:shift] if shift else 0) + 1),
+                    # A row of one word has all its bytes there; else they run to the end.
+                    self.lane_count.eq(Mux(one_word, self.row_bytes, lanes + 1 - lane)),
+                    to_boundary.eq(row_to_boundary),
+                    burst.eq(bursts(row_words, row_to_boundary)),
                     self.row_partition.eq(partition)]
 
+        # Within a row: step_words <= burst <= to_boundary, so the boundary is reached
+        # exactly (and the next one is a whole 4 KiB away) or not at all.
+        stepped_left = Signal(bits)
+        stepped_to_boundary = Signal.like(to_boundary)
+        m.d.comb += [
+            stepped_left.eq(left - self.step_words),
+            stepped_to_boundary.eq(Mux(to_boundary == self.step_words, boundary_words,
+                                       to_boundary - self.step_words)),
+        ]
         with m.If(self.load):
-            m.d.sync += [self.active.eq(1), plane_addr.eq(self.addr),
-                         plane_part.eq(self.partition), i1.eq(0), i2.eq(0),
+            m.d.sync += [self.active.eq(1), plane_part.eq(self.partition),
+                         rows_after.eq(self.n1 - 1), planes_after.eq(self.n2 - 1),
+                         next_row.eq(self.addr + self.stride1),
+                         next_plane.eq(self.addr + self.stride2),
                          *start_row(self.addr, self.partition)]
         with m.Elif(self.step & self.active):
-            with m.If(self.step_words < words_left):
-                m.d.sync += cur.eq((cur_word + self.step_words) << shift)
-            with m.Elif(i1 + 1 < self.n1):
-                # The row started at row_end - row_bytes.
-                m.d.sync += [i1.eq(i1 + 1),
-                             *start_row(row_end - self.row_bytes + self.stride1,
-                                        self.row_partition + self.pstep1)]
-            with m.Elif(i2 + 1 < self.n2):
-                next_plane, next_part = plane_addr + self.stride2, plane_part + self.pstep2
-                m.d.sync += [i1.eq(0), i2.eq(i2 + 1), plane_addr.eq(next_plane),
-                             plane_part.eq(next_part), *start_row(next_plane, next_part)]
+            with m.If(self.step_words < left):
+                m.d.sync += [cur.eq(((cur >> shift) + self.step_words) << shift),
+                             left.eq(stepped_left), to_boundary.eq(stepped_to_boundary),
+                             burst.eq(bursts(stepped_left, stepped_to_boundary)),
+                             self.lane_count.eq(Mux(stepped_left == 1, tail_count, lanes + 1))]
+            with m.Elif(rows_after != 0):
+                m.d.sync += [rows_after.eq(rows_after - 1), next_row.eq(next_row + self.stride1),
+                             *start_row(next_row, self.row_partition + self.pstep1)]
+            with m.Elif(planes_after != 0):
+                next_part = plane_part + self.pstep2
+                m.d.sync += [rows_after.eq(self.n1 - 1), planes_after.eq(planes_after - 1),
+                             plane_part.eq(next_part),
+                             next_row.eq(next_plane + self.stride1),
+                             next_plane.eq(next_plane + self.stride2),
+                             *start_row(next_plane, next_part)]
             with m.Else():
                 m.d.sync += self.active.eq(0)
         return m

@@ -61,7 +61,7 @@ class ByteGearbox(wiring.Component):
         remaining = Signal(range(capacity + 1))
         m.d.comb += remaining.eq(self.level - self.pop_count)
         m.d.sync += [
-            store.eq((store >> (self.pop_count * 8)) | (incoming << (remaining * 8))),
+            store.eq((store >> (self.pop_count << 3)) | (incoming << (remaining << 3))),
             poison.eq((poison >> self.pop_count) | ((self.push_poison & keep) << remaining)),
             self.level.eq(remaining + self.push_count),
         ]

@@ -24,6 +24,12 @@ class DelayLine(wiring.Component):
     zero; the buffer has no reset (it holds data only; whoever reads it knows which outputs
     are valid).
 
+    For a ``delay`` of 1 or more ``o`` is a register: the buffer's read port is synchronous
+    and reads, one cycle ahead, the word the next cycle shows (``index + 1 - delay``,
+    transparent to this cycle's write), holding while ``enable`` is low. On an FPGA the
+    array's first multiplier then starts from a flip-flop, not from a LUT RAM behind an
+    address subtraction (docs/fpga.md, "Timing").
+
     Members
     -------
     enable : ``In(1)``
@@ -61,16 +67,18 @@ class DelayLine(wiring.Component):
         m.submodules.buffer = buffer = Memory(shape=unsigned(self._width), depth=self._depth,
                                               init=[])
         write = buffer.write_port()
-        read = buffer.read_port(domain="comb")
+        read = buffer.read_port(transparent_for=(write,))
         address_bits = exact_log2(self._depth)
-        back = Signal(address_bits)
+        ahead = Signal(address_bits)
         m.d.comb += [
             write.addr.eq(self.index),
             write.data.eq(self.i),
             write.en.eq(self.enable),
-            # Modulo depth: the subtraction wraps in address_bits bits.
-            back.eq(self.index - self.delay),
-            read.addr.eq(back),
+            # Modulo depth: the arithmetic wraps in address_bits bits. Read at an advance the
+            # word the next cycle shows; hold it otherwise, as the index holds.
+            ahead.eq(self.index + 1 - self.delay),
+            read.addr.eq(ahead),
+            read.en.eq(self.enable),
             self.o.eq(Mux(self.delay == 0, self.i, read.data)),
         ]
         return m

@@ -163,8 +163,9 @@ class DMA(wiring.Component):
             self.descriptor.ready.eq(queue.w_rdy),
         ]
         desc = Signal(descriptor_layout(cfg))
+        # A row's bytes, registered with the descriptor (below) rather than shifted from it
+        # on the way into the check and the walkers.
         row_bytes = Signal(SIZE_BITS + 3)
-        m.d.comb += row_bytes.eq(desc.n0 << desc.elem_log2)
 
         def walker():
             return AccessPatternWalker(
@@ -177,6 +178,8 @@ class DMA(wiring.Component):
         m.submodules.src_take = src_take = walker()
         m.submodules.dst_issue = dst_issue = walker()
         m.submodules.dst_put = dst_put = walker()
+        # The walkers load in CHECK whatever its outcome (a refused descriptor never runs),
+        # so the check's arithmetic does not reach their registers.
         start = Signal()
         for walk, side in ((src_issue, desc.src), (src_take, desc.src),
                            (dst_issue, desc.dst), (dst_put, desc.dst)):
@@ -236,7 +239,7 @@ class DMA(wiring.Component):
         buffer_request = Signal()
         m.d.comb += buffer_request.eq(
             running & ~src_hbm & src_issue.active
-            & (gearbox.level + (words_in_flight + 1) * width <= capacity))
+            & (gearbox.level + ((words_in_flight + 1) << shift) <= capacity))
         requested = Signal()
         responses = []
         for space, port in ((Space.SBUF, self.sbuf_read), (Space.PSUM, self.psum_read)):
@@ -277,21 +280,21 @@ class DMA(wiring.Component):
         ]
         with m.If(arrived):
             m.d.comb += [
-                gearbox.push_count.eq(src_take.last_lane - src_take.first_lane + 1),
-                gearbox.push_data.eq(arrived_word >> (src_take.first_lane * 8)),
+                gearbox.push_count.eq(src_take.lane_count),
+                gearbox.push_data.eq(arrived_word >> (src_take.first_lane << 3)),
                 gearbox.push_poison.eq(arrived_bad.replicate(width)),
             ]
 
         # -- destination ------------------------------------------------------------------
         need = Signal(range(width + 1))
-        m.d.comb += need.eq(dst_put.last_lane - dst_put.first_lane + 1)
+        m.d.comb += need.eq(dst_put.lane_count)
         have = running & dst_put.active & (gearbox.level >= need)
         lanes = Signal(width)
         m.d.comb += lanes.eq(((1 << need) - 1) << dst_put.first_lane)
         out_data = Signal(8 * width)
         out_strobe = Signal(width)
         m.d.comb += [
-            out_data.eq(gearbox.head.as_value() << (dst_put.first_lane * 8)),
+            out_data.eq(gearbox.head.as_value() << (dst_put.first_lane << 3)),
             out_strobe.eq(lanes & ~(gearbox.head_poison << dst_put.first_lane)),
         ]
 
@@ -350,8 +353,21 @@ class DMA(wiring.Component):
         ]
 
         # -- descriptor sequencing --------------------------------------------------------
+        # The check's products (each dimension's reach in bytes and partitions) are made from
+        # the queue's head as IDLE takes it, so CHECK adds and compares registers only.
+        head = data.View(descriptor_layout(cfg), queue.r_data)
+        reach, next_reach = {}, []
+        for name in ("src", "dst"):
+            for dim in (1, 2):
+                count = getattr(head, f"n{dim}") - 1
+                side = getattr(head, name)
+                for kind, step in (("bytes", side[f"stride{dim}"]),
+                                   ("partitions", side[f"pstep{dim}"])):
+                    register = Signal.like(count * step, name=f"{name}_reach{dim}_{kind}")
+                    reach[name, dim, kind] = register
+                    next_reach.append(register.eq(count * step))
         checked = Signal(4)
-        m.d.comb += checked.eq(_check(m, cfg, desc, row_bytes))
+        m.d.comb += checked.eq(_check(m, cfg, desc, row_bytes, reach))
         finished = (~src_take.active & ~dst_put.active & (bursts_sent == 0)
                     & (reads_in_flight == 0) & (words_in_flight == 0))
         # Status outputs are registers: no combinational path from the FSM to the ports.
@@ -362,14 +378,15 @@ class DMA(wiring.Component):
             with m.State("IDLE"):
                 with m.If(queue.r_rdy & ~self.error):
                     m.d.comb += queue.r_en.eq(1)
-                    m.d.sync += [desc.eq(queue.r_data), self.busy.eq(1)]
+                    m.d.sync += [desc.eq(queue.r_data), self.busy.eq(1), *next_reach,
+                                 row_bytes.eq(head.n0 << head.elem_log2)]
                     m.next = "CHECK"
             with m.State("CHECK"):
+                m.d.comb += start.eq(1)
                 with m.If(checked != ErrorCode.OK):
                     m.d.sync += code.eq(checked)
                     m.next = "FINISH"
                 with m.Else():
-                    m.d.comb += start.eq(1)
                     m.d.sync += [code.eq(ErrorCode.OK), running.eq(1)]
                     m.next = "RUN"
             with m.State("RUN"):
@@ -386,17 +403,19 @@ class DMA(wiring.Component):
         return m
 
 
-def _check(m, cfg, desc, row_bytes):
-    """The descriptor's :class:`ErrorCode` before anything moves (combinational)."""
+def _check(m, cfg, desc, row_bytes, reach):
+    """The descriptor's :class:`ErrorCode` before anything moves (combinational), with
+    ``reach[side, dim, "bytes" | "partitions"]`` the products ``(n_dim - 1) * stride_dim``
+    and ``(n_dim - 1) * pstep_dim``."""
     extents = {}
     for name, side in (("src", desc.src), ("dst", desc.dst)):
         last_byte = Signal(_addr_bits(cfg) + SIZE_BITS + 4, name=f"{name}_last_byte")
         last_part = Signal(PARTITION_BITS + SIZE_BITS + 2, name=f"{name}_last_partition")
         m.d.comb += [
-            last_byte.eq(side.addr + row_bytes - 1 + (desc.n1 - 1) * side.stride1
-                         + (desc.n2 - 1) * side.stride2),
-            last_part.eq(side.partition + (desc.n1 - 1) * side.pstep1
-                         + (desc.n2 - 1) * side.pstep2),
+            last_byte.eq(side.addr + row_bytes - 1 + reach[name, 1, "bytes"]
+                         + reach[name, 2, "bytes"]),
+            last_part.eq(side.partition + reach[name, 1, "partitions"]
+                         + reach[name, 2, "partitions"]),
         ]
         extents[name] = (side, last_byte, last_part)
 

@@ -1,6 +1,6 @@
 """One processing element (PE) of the weight-stationary systolic array."""
 
-from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth import Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -10,12 +10,14 @@ from .fp_adder import FPAdder
 from .fp_multiplier import FPMultiplier
 from .params import refusing
 
-__all__ = ["ProcessingElement", "MAX_MACS"]
+__all__ = ["ProcessingElement", "MAX_MACS", "MAX_MULTIPLY_STAGES"]
 
 #: Bits of an int8 element: the integer path reads the low byte of the element registers.
 _INT8_BITS = 8
 #: The most multiply-accumulates per cycle a PE can be built for, in one format.
 MAX_MACS = 16
+#: The most registers between a PE's multipliers and its adders.
+MAX_MULTIPLY_STAGES = 4
 
 
 def _check(in_bits, acc_bits, formats, macs):
@@ -92,6 +94,13 @@ class ProcessingElement(wiring.Component):
     (background weight load); no array-wide swap is needed. The format travels with the
     element too, so consecutive elements may be of different formats.
 
+    With ``multiply_stages = s > 0`` the products (the integer path's and each float
+    lane's, with the format they are for) pass ``s`` registers before the adders: the
+    multiply of an element happens when it arrives and its accumulate ``s`` cycles later,
+    with the partial sum that arrives then. ``psum_out`` is the sum ``s + 1`` cycles after
+    ``x_in``, ``x_out`` still one cycle after, so an array keeps its skew of one cycle per
+    row and gains ``s`` cycles of latency (docs/architecture.md, "Timing").
+
     All registers advance only while ``enable`` is high (the array stalls as one). They
     carry data only and have no reset (``reset_less``): what is valid is tracked by the
     tensor engine, and the PE is a shared block (:mod:`opentrn.hdl.hierarchy`), one Verilog
@@ -131,16 +140,23 @@ class ProcessingElement(wiring.Component):
         scale register.
     """
 
-    def __init__(self, *, in_bits, acc_bits, formats=("int8",), macs=None):
+    def __init__(self, *, in_bits, acc_bits, formats=("int8",), macs=None,
+                 multiply_stages=0):
         with refusing(self):
             self._floats, self._rates = _check(in_bits, acc_bits, formats,
                                                {} if macs is None else macs)
+            if not isinstance(multiply_stages, int) or isinstance(multiply_stages, bool) \
+                    or not 0 <= multiply_stages <= MAX_MULTIPLY_STAGES:
+                raise ValueError(f"multiply_stages={multiply_stages!r}: must be an integer "
+                                 f"from 0 to {MAX_MULTIPLY_STAGES}")
+        self._stages = multiply_stages
         self._in_bits = in_bits
         self._acc_bits = acc_bits
         self._formats = formats
         self._mx = any(numerics.data_format(name).mx for name in formats)
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
-        self.shared_key = (in_bits, acc_bits, formats, tuple(sorted(self._rates.items())))
+        self.shared_key = (in_bits, acc_bits, formats, tuple(sorted(self._rates.items())),
+                           multiply_stages)
         members = {
             "enable": In(1),
             "x_in": In(unsigned(in_bits)),
@@ -201,6 +217,8 @@ class ProcessingElement(wiring.Component):
         is_float = Signal()
         if self._floats:
             m.d.comb += is_float.eq(self.format_in != numerics.data_format("int8").code)
+        # The format as the adders see it, multiply_stages cycles after the multipliers.
+        format_at_add = self._delayed(m, self.format_in, "format_at_add")
 
         # The integer path: its operands are zero while a float element passes.
         # Assignment truncates to acc_bits: two's-complement wrap-around.
@@ -212,10 +230,11 @@ class ProcessingElement(wiring.Component):
                 field = slice(lane * _INT8_BITS, (lane + 1) * _INT8_BITS)
                 with m.If(~is_float):
                     m.d.comb += [int_x.eq(self.x_in[field]), int_w.eq(weight[field])]
-                int_result = int_result + int_x * int_w
+                int_result = int_result + self._delayed(m, int_x * int_w, f"int_product{lane}")
 
         if self._floats:
-            float_result = self._float_lanes(m, weight, weight_scale)
+            float_result = self._float_lanes(m, weight, weight_scale, format_at_add)
+            is_float = format_at_add != numerics.data_format("int8").code
             if "int8" in self._formats:
                 m.d.comb += result.eq(Mux(is_float, float_result, int_result))
             else:
@@ -235,9 +254,21 @@ class ProcessingElement(wiring.Component):
             m.d.comb += port.eq(register)
         return m
 
-    def _float_lanes(self, m, weight, weight_scale):
+    def _delayed(self, m, value, name):
+        """``value`` through ``multiply_stages`` registers that advance with ``enable``
+        (``value`` itself with none)."""
+        value = Value.cast(value)
+        for stage in range(self._stages):
+            register = Signal(value.shape(), name=f"{name}_stage{stage}", reset_less=True)
+            with m.If(self.enable):
+                m.d.sync += register.eq(value)
+            value = register
+        return value
+
+    def _float_lanes(self, m, weight, weight_scale, format_at_add):
         """The float path: a multiplier and an adder per lane, the adders chained in lane
-        order. Returns the FP32 code of the last active lane's sum."""
+        order, ``multiply_stages`` registers between them. Returns the FP32 code of the last
+        active lane's sum."""
         codes = {name: numerics.data_format(name).code for name in self._floats}
         acc = self.psum_in
         for lane in range(max(self._rates[name] for name in self._floats)):
@@ -248,9 +279,9 @@ class ProcessingElement(wiring.Component):
             m.submodules[f"multiplier{suffix}"] = multiplier
             m.submodules[f"adder{suffix}"] = adder
             # The lane is in use for the formats with more than ``lane`` MACs per cycle.
+            lane_codes = [codes[name] for name in lane_formats]
             active = Signal(name=f"lane{lane}_active")
-            m.d.comb += active.eq(self.format_in.matches(
-                *(codes[name] for name in lane_formats)))
+            m.d.comb += active.eq(format_at_add.matches(*lane_codes))
             # Element ``lane`` of a format of b bits is field ``lane`` of b bits: formats of
             # one width share a case. A lane's operands are zero while it is unused; inside
             # one condition they are one Verilog process, evaluated once per input change.
@@ -265,14 +296,15 @@ class ProcessingElement(wiring.Component):
                             multiplier.format.eq(self.format_in),
                             multiplier.a[0].eq(weight[field]),
                             multiplier.b[0].eq(self.x_in[field]),
-                            adder.a[0].eq(acc),
-                            adder.b[0].eq(multiplier.product[0]),
                         ]
                         if self._mx:
                             m.d.comb += [
                                 multiplier.scale_a[0].eq(weight_scale),
                                 multiplier.scale_b[0].eq(self.x_scale_in),
                             ]
+            product = self._delayed(m, multiplier.product[0], f"lane{lane}_product")
+            with m.If(active):
+                m.d.comb += [adder.a[0].eq(acc), adder.b[0].eq(product)]
             lane_sum = Signal(32, name=f"lane{lane}_sum")
             m.d.comb += lane_sum.eq(Mux(active, adder.sum[0], acc))
             acc = lane_sum

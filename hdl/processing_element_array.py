@@ -70,13 +70,15 @@ class ProcessingElementArray(wiring.Component):
         E8M0 scale of each row's ``weight_data``.
     """
 
-    def __init__(self, *, rows, cols, in_bits, acc_bits, formats, macs=None):
+    def __init__(self, *, rows, cols, in_bits, acc_bits, formats, macs=None,
+                 multiply_stages=0):
         for name, value in (("rows", rows), ("cols", cols)):
             if not _is_pow2(value):
                 self._MustUse__silence = True  # refused, so it is not an unused elaboratable
                 raise ValueError(f"{name}={value!r}: must be a power of two")
         self._rows, self._cols = rows, cols
-        self._pe_args = dict(in_bits=in_bits, acc_bits=acc_bits, formats=formats, macs=macs)
+        self._pe_args = dict(in_bits=in_bits, acc_bits=acc_bits, formats=formats, macs=macs,
+                             multiply_stages=multiply_stages)
         try:
             # Checks the PE's arguments (a refused PE raises here).
             probe = ProcessingElement(**self._pe_args)

@@ -110,7 +110,8 @@ class TensorEngine(wiring.Component):
 
     * a stationary load takes ``M`` beats, one column per cycle, into the idle weight bank;
     * a moving vector accepted in cycle ``c`` produces its result beat in cycle
-      ``c + K + M - 1``, one vector per cycle;
+      ``c + K + M - 1 + S`` (``S = config.pe_multiply_stages``, registers between the PEs'
+      multipliers and adders), one vector per cycle;
     * a load into the bank just retired by a ``swap`` starts ``K`` cycles after that swap
       (the old tile's last vectors must have passed every row), so a stream of matmuls that
       each take a fresh tile issues one every ``max(N, K + M)`` cycles; matmuls that reuse
@@ -186,7 +187,8 @@ class TensorEngine(wiring.Component):
         array = ProcessingElementArray(
             rows=rows, cols=cols, in_bits=cfg.in_bits, acc_bits=cfg.acc_bits,
             formats=self._formats, macs={name: cfg.macs_per_pe_cycle(name)
-                                         for name in self._formats})
+                                         for name in self._formats},
+            multiply_stages=cfg.pe_multiply_stages)
         m.submodules.array = shared(array)
 
         # Skew: row k sees a vector k advances after row 0, in step with the partial sums
@@ -254,8 +256,9 @@ class TensorEngine(wiring.Component):
             m.d.comb += self.result.payload.data[col].eq(delay_line(
                 f"deskew_{col}", column, cols - 1 - col, deskew_index, cols))
 
-        # valid and last travel with the vector: K + M - 1 stages to the result.
-        depth = rows + cols - 1
+        # valid and last travel with the vector: K + M - 1 stages to the result, and the
+        # PEs' multiply stages.
+        depth = rows + cols - 1 + cfg.pe_multiply_stages
         in_flight = Signal(depth)
         last = Signal(depth)
         with m.If(advance):

@@ -262,8 +262,8 @@ class TensorUnit(wiring.Component):
       partitions ``>=`` the tile's ``cols``, with ``float`` set for a float format (the PSUM
       accumulates FP32 codes). Zeroing both keeps whatever lies outside the tile out of the
       results, as the ISA says: for int8 the zero weights already do it, but a float
-      ``0 * inf`` is NaN. A FIFO of ``pe_rows + pe_cols`` entries holds the destination of
-      the matmuls whose results are in flight.
+      ``0 * inf`` is NaN. A FIFO of ``pe_rows + pe_cols + pe_multiply_stages`` entries holds
+      the destination of the matmuls whose results are in flight.
     * An MX format (with ``mx_blocks`` blocks of 32 elements of K, ``mx_block_rows``
       partitions each): each path has a second column reader for the scales, byte
       ``scale_offset + j`` of partitions ``b < mx_blocks`` (block ``b``'s E8M0 scale of
@@ -594,10 +594,10 @@ class TensorUnit(wiring.Component):
                                            "entry": range(cfg.psum_bank_entries),
                                            "accumulate": 1, "float": 1,
                                            "cols": range(m_cols + 1)})
-        # Results leave K + M - 1 cycles after their vector entered: this many one-vector
-        # matmuls can be in flight.
-        m.submodules.results = results = SyncFIFO(width=result_layout.size,
-                                                  depth=k_rows + m_cols)
+        # Results leave K + M - 1 + S cycles after their vector entered (golden
+        # tensor_engine.latency): this many one-vector matmuls can be in flight.
+        m.submodules.results = results = SyncFIFO(
+            width=result_layout.size, depth=k_rows + m_cols + cfg.pe_multiply_stages)
         moving = engine.moving
         first = matmuls.col == 0
         last = matmuls.col == matmuls.job.count - 1

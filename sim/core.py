@@ -30,7 +30,7 @@ HBMS = ("fast", "axi")
 
 
 #: The most HBM the fast memory holds by default on Icarus: Icarus keeps four-state
-#: memories, about 46 bytes a bus word (743 MB for the ``fpga`` preset's 128 MiB, and 8 s
+#: memories, about 46 bytes a bus word (743 MB for an HBM of 128 MiB, and 8 s
 #: of start-up, against 81 MB in all with cocotbext-axi's pages-on-use RAM), for at most
 #: 1.4x on Icarus (docs/performance.md); past it the default is ``axi``.
 ICARUS_FAST_HBM_BYTES = 16 << 20

@@ -13,6 +13,9 @@ SIM_BUILDS = {
     "tiny": config.preset("tiny"),
     "small": config.preset("small"),
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
+    # Every format with two registers between the PEs' multipliers and adders (the fpga
+    # preset has one): the latency formula K + M - 1 + S, cycle-exact.
+    "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2),
 }
 
 #: Builds of the tensor engine with more than one MX block (row ``k`` of the array takes the

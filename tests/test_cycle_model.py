@@ -17,12 +17,16 @@ from .conftest import require_simulator
 #: bus (two bus beats per instruction word, 16-byte SBUF words): the model's timing follows
 #: the configuration, not only the presets'.
 BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
-          "tiny-bus16": config.preset("tiny").replace(dma_bus_bytes=16)}
+          "tiny-bus16": config.preset("tiny").replace(dma_bus_bytes=16),
+          # Every format with two registers between the PEs' multipliers and adders: the
+          # array's latency follows pe_multiply_stages (the fpga preset, with one, is
+          # predicted exactly on the simulated board: tests/test_board.py).
+          "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2)}
 #: Random kernels per build: (build, simulator, count, largest dimension). The builds other
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.
 RANDOM_RUNS = [("tiny", "verilator", 30, 48), ("small", "icarus", 22, 24),
-               ("tiny-bus16", "icarus", 6, 20)]
+               ("tiny-bus16", "icarus", 6, 20), ("tiny-stages2", "icarus", 5, 20)]
 
 
 @pytest.mark.sim

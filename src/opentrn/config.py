@@ -68,6 +68,12 @@ class Config:
         power of two from 1 to 16. The hardware builds it: a PE of rate ``r`` takes a column
         of ``r`` consecutive elements of K per cycle (docs/isa.md, "Packed columns"), so a
         matmul contracts ``r x pe_rows`` elements; the projection uses the same rates.
+    pe_multiply_stages : int
+        Registers between a PE's multipliers and its accumulating adders, 0 to 4: 0 multiplies
+        and accumulates in one cycle; each stage adds a cycle to the array's latency (a
+        moving vector's result leaves ``K + M - 1 + pe_multiply_stages`` cycles after it)
+        and nothing to its throughput, so an FPGA build reaches its clock (the ``fpga``
+        preset has 1; docs/fpga.md, "Timing").
     acc_bits : int
         Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
         any float format is in ``dtypes``.
@@ -97,6 +103,7 @@ class Config:
     pe_cols: int
     dtypes: tuple
     pe_macs_per_cycle: tuple = ()
+    pe_multiply_stages: int = 0
     acc_bits: int
     moving_max: int
     sbuf_partitions: int
@@ -165,6 +172,8 @@ class Config:
         rule("psum_bank_entries",
              _is_pow2(self.psum_bank_entries) and self.psum_bank_entries <= 65536,
              "must be a power of two between 1 and 65536")
+        rule("pe_multiply_stages", 0 <= self.pe_multiply_stages <= 4,
+             "must be between 0 and 4")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
              "(one matmul writes one PSUM bank)")
@@ -296,7 +305,7 @@ class Config:
 
 _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
-    "acc_bits": int, "moving_max": int,
+    "pe_multiply_stages": int, "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,
     "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
@@ -384,9 +393,11 @@ PRESETS = {
              "dtypes": ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")},
     "small": _simulation_core(8, sbuf_kib=8, psum_banks=4, psum_bank_entries=32),
     # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
-    # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32 bit.
+    # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32
+    # bit; its HBM is on-chip block RAM of the board top (docs/fpga.md), 128 KiB = 64 more.
+    # A register after each multiplier: the 100 MHz of the ECPIX-5 board (docs/fpga.md).
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
-             "hbm_bytes": 128 * _MiB},
+             "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1},
     # The formats of the published throughput figures (the reference file): BF16 and FP8 on
     # both, MXFP8 on Trainium3 (nc_matmul_mx). The MAC rates are the ratios of the published
     # per-core figures: NeuronCore-v3 tflops_fp8 158 = 2 x tflops_bf16 79, NeuronCore-v4

@@ -346,6 +346,7 @@ class _Core:
     def _init_tensor(self, config):
         width = config.vector_word_bytes          # the SBUF's vector word
         self.K, self.M = config.pe_rows, config.pe_cols
+        self.stages = config.pe_multiply_stages
         self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width)
         self.matmuls = _Reader(MATMUL_JOBS, MATMUL_WORDS, width)
         self.mx = bool(numerics.mx_blocks(config))
@@ -366,7 +367,7 @@ class _Core:
         self.guard = 0
         self.load_column = 0
         self.results = deque()          # (cycle the result is written, last)
-        self.results_fifo = 0           # matmuls with results in flight (FIFO K + M)
+        self.results_fifo = 0           # matmuls with results in flight (FIFO K + M + S)
         self.order = deque()            # True: a load
         self.order_depth = 2 * (self.K + self.M) + LOAD_JOBS + MATMUL_JOBS
         self.loads_done = 0
@@ -580,7 +581,7 @@ class _Core:
             first = matmuls.col == 0
             scale_ready = (not job["mx"]) or self.scales["matmul"].stored != 0
             valid = (matmuls.stored != 0 and scale_ready
-                     and (not first or self.results_fifo < K + M))
+                     and (not first or self.results_fifo < K + M + self.stages))
             swap = first and job["swap"]
             ready = (swap and self.pending) or (not swap and self.active_valid)
             if valid and ready:
@@ -872,7 +873,7 @@ class _Core:
         elif self.guard != 0:
             self.guard -= 1
         if mm_take:
-            self.results.append((cycle + K + M - 1, mm_last))
+            self.results.append((cycle + K + M - 1 + self.stages, mm_last))
             if mm_first:
                 self.results_fifo += 1
         if te_write:
@@ -1010,7 +1011,7 @@ def upper_bound(config, hbm, programs, *, latency=0):
     if not isinstance(latency, int) or latency < 0:
         raise ValueError(f"latency={latency!r}: must be a non-negative integer (cycles)")
     bus = config.dma_bus_bytes
-    array = config.pe_rows + config.pe_cols
+    array = config.pe_rows + config.pe_cols + config.pe_multiply_stages
     # Fetch (a word in beats, the HBM's answer) and issue (assemble, check, hand over).
     issue = 2 * (isa.WORD_BYTES // min(bus, isa.WORD_BYTES)) + HBM_READ_CYCLES + latency + 8
     hbm = bytes(hbm)
@@ -1208,7 +1209,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
                     + fetch_beats[i])
         act_side = acts[i - 1] if i else 0
         total += max(tensor[i], dma_side, act_side)
-    drain = K + P - 1 + 2                       # the last results into the PSUM
+    drain = K + P - 1 + config.pe_multiply_stages + 2   # the last results into the PSUM
     total += drain + acts[-1] + stores[-1]
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
     # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
