@@ -12,7 +12,7 @@ from .axi4 import BOUNDARY_BYTES, BURST_INCR, RESP_OKAY, AXI4Signature
 from .hierarchy import zero_filled
 from .params import refusing
 
-__all__ = ["AXI4Memory", "ERRORS", "MAX_BYTES"]
+__all__ = ["AXI4Memory", "ERRORS", "MAX_BYTES", "aw_sink_ready"]
 
 #: ``error`` codes: a burst of another size than the bus (narrow), of a burst type other than
 #: INCR, one that crosses a 4 KiB boundary, one outside the memory, and a W beat that comes
@@ -232,28 +232,35 @@ class AXI4Memory(wiring.Component):
         # unless it sleeps (ready low, waiting for the write process to take one), recomputes
         # ready from its queue. The write process takes the next address once it holds no
         # burst (its last beat has come); a take wakes a sleeping sink an edge later.
-        aw_ready = Signal(init=1)
-        aw_queued = Signal(range(AW_QUEUE + 2))
-        writing = Signal()
-        aw_wake = Signal()
-        queued = Signal.like(aw_queued)
-        ready_next = Signal()
-        still_writing = Signal()
-        take = Signal()
-        m.d.comb += [
-            axi.awready.eq(aw_ready),
-            queued.eq(aw_queued + (axi.awvalid & aw_ready)),
-            ready_next.eq(aw_ready),
-            still_writing.eq(writing & ~w_last),
-            take.eq(~still_writing & (queued != 0)),
-        ]
-        with m.If(aw_wake | aw_ready):
-            m.d.comb += ready_next.eq(queued < AW_QUEUE)
-        m.d.sync += [
-            aw_ready.eq(ready_next),
-            aw_queued.eq(queued - take),
-            writing.eq(still_writing | take),
-            aw_wake.eq(take & ~ready_next),
-        ]
+        aw_sink_ready(m, axi, w_last)
         return m
 
+
+def aw_sink_ready(m, axi, w_last):
+    """Drive ``axi.awready`` as cocotbext-axi's AW sink in front of its RAM's write process
+    does (the memories of :class:`AXI4Memory` and
+    :class:`~opentrn.hdl.block_ram_memory.BlockRAMMemory` share it, so both have the cycle
+    model's timing). ``w_last``: the last beat of the burst being written transfers."""
+    aw_ready = Signal(init=1)
+    aw_queued = Signal(range(AW_QUEUE + 2))
+    writing = Signal()
+    aw_wake = Signal()
+    queued = Signal.like(aw_queued)
+    ready_next = Signal()
+    still_writing = Signal()
+    take = Signal()
+    m.d.comb += [
+        axi.awready.eq(aw_ready),
+        queued.eq(aw_queued + (axi.awvalid & aw_ready)),
+        ready_next.eq(aw_ready),
+        still_writing.eq(writing & ~w_last),
+        take.eq(~still_writing & (queued != 0)),
+    ]
+    with m.If(aw_wake | aw_ready):
+        m.d.comb += ready_next.eq(queued < AW_QUEUE)
+    m.d.sync += [
+        aw_ready.eq(ready_next),
+        aw_queued.eq(queued - take),
+        writing.eq(still_writing | take),
+        aw_wake.eq(take & ~ready_next),
+    ]

@@ -31,8 +31,8 @@ from cocotb_tools.runner import Icarus, Verilator
 from opentrn import hdl
 
 __all__ = ["SIMULATORS", "SimulatorMissing", "SimResult", "available", "require",
-           "default_simulator", "long_run_simulator", "verilog_source", "build", "build_info",
-           "lint", "run"]
+           "default_simulator", "long_run_simulator", "verilog_source", "toplevel", "build",
+           "build_info", "lint", "run"]
 
 SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
@@ -43,8 +43,13 @@ _DUMP_MODULE = "opentrn_vcd_dump"
 #: Verilator otherwise verilates every instance of every module: 5.3 GB and minutes for the
 #: 32x32 trn3 array, far beyond this machine's memory at 128x128 (docs/performance.md).
 HIERARCHICAL_PES = 256
-#: The top levels that hold the whole core: with its AXI4 port, or with the HBM beside it.
-CORE_TOPS = ("core", "core_with_memory")
+#: The top levels that hold the whole core: with its AXI4 port, with the HBM beside it, or
+#: as a board top (block RAM and the UART host bridge).
+CORE_TOPS = ("core", "core_with_memory", "board_top")
+#: Simulation tops that are not :data:`opentrn.hdl.TOPS`: ``board_top``, the FPGA board top
+#: with a simulation's UART rate and bridge timeout
+#: (:func:`opentrn.hdl.board_top.simulation_top`), which a board build makes at its own rate.
+SIMULATION_TOPS = ("board_top",)
 #: Seconds between the progress reports of a running simulator build.
 _BUILD_REPORT_SECONDS = 20
 
@@ -158,9 +163,18 @@ def verilog_source(config, top="tensor_engine", *, progress=None):
     (:mod:`opentrn.hdl.hierarchy`). ``progress`` (a callable taking a string) hears about
     each step."""
     from opentrn.hdl import hierarchy
-    component = hdl.toplevel(top, config)
+    component = toplevel(top, config)
     return hierarchy.convert(component, name=top, ports=hdl.ports(component),
                              progress=progress)
+
+
+def toplevel(top, config):
+    """The component of the simulation top ``top``: one of :data:`opentrn.hdl.TOPS`, or of
+    :data:`SIMULATION_TOPS`."""
+    if top == "board_top":
+        from opentrn.hdl.board_top import simulation_top
+        return simulation_top(config)
+    return hdl.toplevel(top, config)
 
 
 @contextmanager
@@ -351,6 +365,9 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
 #: (docs/performance.md). The fast core's bench reads the HBM contents and, on a hang,
 #: the sequencers' state.
 PUBLIC_SIGNALS = {
+    # The board's bench drives and reads its pins only (the host driver reads the rest
+    # through the UART).
+    "board_top": {},
     "core_with_memory": {
         r"core_with_memory\.hbm": ("storage",),
         r"core_with_memory\.core\.\w+_sequencer": ("pc", "waiting", "pending", "finished",

