@@ -6,10 +6,11 @@ critical path's ends and the tools' time. docs/fpga.md has the figures.
 
     python benchmarks/fpga_build.py [--preset fpga] [--set key=value ...]
         [--tops tensor_engine,psum,sbuf,activation_engine,dma,memory_system] [--core]
-        [--board ecpix5-85f] [--timeout SECONDS] [--json] [--build-root DIR]
+        [--board ecpix5-85f] [--json] [--build-root DIR]
 
-The core takes the longest (the placer alone some minutes; the router longer while the
-design is far from its target clock); ``--timeout`` bounds each build.
+The core and the board top take the longest (the placer alone ten to twenty minutes on two
+cores). A build that does not route is stopped by the flow (``fpga.RoutingStalled``); its
+row then says so and names the block with the most overused wires.
 """
 
 import argparse
@@ -41,6 +42,18 @@ def _row(name, result, seconds):
     }
 
 
+def _unrouted_row(name, stalled, seconds):
+    [worst] = stalled.congestion[:1] or [{"block": "-", "percent": 0.0}]
+    return {
+        "block": name, "LUT4": "-", "FF": "-", "DSP": "-", "BRAM": "-",
+        "Fmax MHz": "does not route", "target MHz": "-", "met": "no",
+        "critical path": f"{stalled.overused:,} wires overused after pass "
+                         f"{stalled.iteration}; most in {worst['block']} "
+                         f"({worst['percent']}%)",
+        "logic/routing ns": "-", "seconds": round(seconds),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="fpga", choices=list(config.PRESETS))
@@ -65,9 +78,13 @@ def main():
     for name, target in builds:
         print(f"{name} ({target})", file=sys.stderr, flush=True)
         started = time.monotonic()
-        result = fpga.build(cfg, Path(args.build_root) / f"{args.preset}-{name}-{target}",
-                            board=target, top=name if target == "ooc" else "core",
-                            progress=progress)
+        try:
+            result = fpga.build(cfg, Path(args.build_root) / f"{args.preset}-{name}-{target}",
+                                board=target, top=name if target == "ooc" else "core",
+                                progress=progress)
+        except fpga.RoutingStalled as stalled:
+            rows.append(_unrouted_row(name, stalled, time.monotonic() - started))
+            continue
         rows.append(_row(name, result, time.monotonic() - started))
     if args.json:
         print(json.dumps({"preset": args.preset, "overrides": args.overrides,

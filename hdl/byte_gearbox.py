@@ -1,9 +1,12 @@
 """A byte FIFO that takes and gives a variable number of bytes per cycle: the realignment
 buffer between a DMA's reads and writes, whose byte lanes differ."""
 
-from amaranth import Module, Signal
+from amaranth import C, Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from .params import check_power_of_two, refusing
 
 __all__ = ["ByteGearbox"]
 
@@ -16,6 +19,7 @@ class ByteGearbox(wiring.Component):
     ``push_data`` and gives up the oldest ``pop_count`` bytes, which are on lanes ``0 ..
     pop_count - 1`` of ``head`` during that cycle. The user keeps ``pop_count <= level`` and
     ``push_count <= capacity - level`` (bytes pushed in a cycle cannot be popped in it).
+    ``word_bytes`` and ``capacity`` are powers of two. ``head`` depends on registers only.
 
     Members
     -------
@@ -24,16 +28,19 @@ class ByteGearbox(wiring.Component):
     push_poison : ``In(word_bytes)``
     pop_count : ``In(range(word_bytes + 1))``
     head : ``Out(data.ArrayLayout(8, word_bytes))``
-        The oldest ``word_bytes`` bytes.
+        The oldest ``word_bytes`` bytes; lanes at or past ``level`` are zero.
     head_poison : ``Out(word_bytes)``
+        Their poison bits (zero past ``level``).
     level : ``Out(range(capacity + 1))``
         Bytes held.
     """
 
     def __init__(self, *, word_bytes, capacity):
-        if capacity < 2 * word_bytes:
-            raise ValueError(f"capacity must be at least 2 * word_bytes = {2 * word_bytes}, "
-                             f"not {capacity}")
+        with refusing(self):
+            check_power_of_two(word_bytes=word_bytes, capacity=capacity)
+            if capacity < 2 * word_bytes:
+                raise ValueError(f"capacity={capacity}: must be at least 2 * word_bytes = "
+                                 f"{2 * word_bytes}")
         self._word_bytes, self._capacity = word_bytes, capacity
         super().__init__({
             "push_count": In(range(word_bytes + 1)),
@@ -48,25 +55,74 @@ class ByteGearbox(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         width, capacity = self._word_bytes, self._capacity
-        store = Signal(8 * capacity)
+        words = capacity // width
+        lane_bits = exact_log2(width)
+        # A ring of ``capacity`` bytes between a write and a read pointer, both registers: a
+        # byte pushed never moves, so neither the data nor the pointers pass through an
+        # adder or shifter of the pop (whose count comes from the destination's handshake,
+        # late in the cycle), and the push does not wait for the pop's shift.
+        store = [Signal(8, name=f"byte_{slot}") for slot in range(capacity)]
         poison = Signal(capacity)
+        write_at = Signal(range(capacity))
+        read_at = Signal(range(capacity))
 
-        # Bytes past push_count are not the user's; mask them before shifting them in.
-        keep = Signal(width)
-        m.d.comb += keep.eq((1 << self.push_count) - 1)
-        byte_mask = Signal(8 * width)
+        # Push: pushed byte ``i`` goes to slot ``write_at + i``, so slot ``s`` takes lane
+        # ``(s - write_at) mod width`` of the pushed word: one rotation of the word by the
+        # write pointer, then a per-slot enable.
+        rotated = Signal(8 * width)
+        m.d.comb += rotated.eq(_rotate_left(self.push_data.as_value(), write_at[:lane_bits],
+                                            8, width))
+        poison_rotated = Signal(width)
+        m.d.comb += poison_rotated.eq(_rotate_left(self.push_poison, write_at[:lane_bits],
+                                                   1, width))
+        for slot in range(capacity):
+            offset = Signal(range(capacity), name=f"offset_{slot}")
+            m.d.comb += offset.eq(slot - write_at)          # modulo the power-of-two ring
+            with m.If(offset < self.push_count):
+                lane = slot % width
+                m.d.sync += [store[slot].eq(rotated[8 * lane:8 * lane + 8]),
+                             poison[slot].eq(poison_rotated[lane])]
+
+        # Head: the ``width`` bytes from the read pointer span two adjacent words of the
+        # ring; pick them, then shift by the pointer's lane. Bytes past ``level`` read as
+        # zero (and unpoisoned), as a shifting FIFO would hold them.
+        word_at = read_at[lane_bits:] if words > 1 else C(0, 1)
+        pair = Signal(16 * width)
+        pair_poison = Signal(2 * width)
+        with m.Switch(word_at):
+            for index in range(words):
+                with m.Case(index):
+                    first, second = index, (index + 1) % words
+                    m.d.comb += [
+                        pair.eq(Cat(*(store[w * width + lane] for w in (first, second)
+                                      for lane in range(width)))),
+                        pair_poison.eq(Cat(poison[first * width:(first + 1) * width],
+                                           poison[second * width:(second + 1) * width])),
+                    ]
+        shift = read_at[:lane_bits]
+        shifted = Signal(8 * width)
+        shifted_poison = Signal(width)
+        m.d.comb += [shifted.eq((pair >> (shift << 3))[:8 * width]),
+                     shifted_poison.eq((pair_poison >> shift)[:width])]
+        held = Signal(width)                    # lanes below the level
         for lane in range(width):
-            m.d.comb += byte_mask[8 * lane:8 * lane + 8].eq(keep[lane].replicate(8))
-        incoming = self.push_data.as_value() & byte_mask
-        remaining = Signal(range(capacity + 1))
-        m.d.comb += remaining.eq(self.level - self.pop_count)
+            m.d.comb += held[lane].eq(self.level > lane)
+        for lane in range(width):
+            m.d.comb += [
+                self.head[lane].eq(Mux(held[lane], shifted[8 * lane:8 * lane + 8], 0)),
+                self.head_poison[lane].eq(held[lane] & shifted_poison[lane]),
+            ]
+
         m.d.sync += [
-            store.eq((store >> (self.pop_count << 3)) | (incoming << (remaining << 3))),
-            poison.eq((poison >> self.pop_count) | ((self.push_poison & keep) << remaining)),
-            self.level.eq(remaining + self.push_count),
-        ]
-        m.d.comb += [
-            self.head.eq(store[:8 * width]),
-            self.head_poison.eq(poison[:width]),
+            write_at.eq(write_at + self.push_count),
+            read_at.eq(read_at + self.pop_count),
+            self.level.eq(self.level + self.push_count - self.pop_count),
         ]
         return m
+
+
+def _rotate_left(value, amount, element_bits, count):
+    """``value``, ``count`` elements of ``element_bits``, rotated towards the high end by
+    ``amount`` elements."""
+    doubled = Cat(value, value)
+    return (doubled << (amount * element_bits))[count * element_bits:2 * count * element_bits]

@@ -35,7 +35,9 @@ class DmaUnit(wiring.Component):
         Checked instructions, in program order.
     check : ``In(isa.layout(Opcode.DMA))``, ``check_valid`` : ``In(1)``
         An instruction to check; ``fault`` : ``Out(3)`` is its :class:`~opentrn.isa.Fault`
-        code, combinationally (0 when it is fine).
+        code, combinationally (0 when it is fine). Its byte count is kept from that cycle
+        for ``instruction``, which is the instruction checked last (as the sequencer
+        hands them out).
     retire : ``Out(1)``
         Pulses when a descriptor finishes (with or without error), in order.
     retire_bytes : ``Out(BYTES_BITS)``, ``retire_pc`` : ``Out(POINTER_BITS)``
@@ -87,6 +89,13 @@ class DmaUnit(wiring.Component):
                 m.d.comb += getattr(getattr(sink, side), name).eq(
                     getattr(source, f"{side}_{name}"))
 
+        # The byte count of an instruction is made from ``check`` in its check cycle, so its
+        # multiplications are not in the path; the sequencer hands out only the
+        # instruction it checked last, so the count is that of ``instruction``.
+        checked_bytes = Signal(BYTES_BITS)
+        with m.If(self.check_valid):
+            m.d.sync += checked_bytes.eq((check.n0 << check.elem_log2) * check.n1 * check.n2)
+
         # The byte count of each accepted descriptor waits in a FIFO for its finish.
         # Unbuffered: an entry is readable the cycle after it is written, whenever the
         # descriptor finishes.
@@ -96,8 +105,7 @@ class DmaUnit(wiring.Component):
             self.descriptor.valid.eq(self.instruction.valid & sizes.w_rdy),
             self.instruction.ready.eq(self.descriptor.ready & sizes.w_rdy),
             sizes.w_en.eq(self.instruction.valid & self.instruction.ready),
-            sizes.w_data.eq(Cat((source.n0 << source.elem_log2) * source.n1 * source.n2,
-                                self.pc)),
+            sizes.w_data.eq(Cat(checked_bytes, self.pc)),
             sizes.r_en.eq(self.dma_done),
             self.retire.eq(self.dma_done),
             self.retire_bytes.eq(sizes.r_data[:BYTES_BITS]),

@@ -50,11 +50,12 @@ class Sequencer(wiring.Component):
     word within its first beat; a beat leaves the buffer with its last word.
 
     Each instruction, once all its bytes are in, is checked (opcode, semaphore indices, then
-    the unit's ``fault``), then waits until ``semaphores[wait_sem] >= wait_value``, then goes
-    to the unit (``NOP`` and ``END`` need none). An entry per instruction in a retire queue
-    keeps program order: ``retire`` pulses of the unit complete the oldest unit instruction,
-    ``NOP``/``END`` complete when they reach the head; a completing instruction with
-    ``signal`` increments its semaphore.
+    the unit's ``fault``) in that cycle, the verdict registered for the next (a faulting
+    instruction faults there), then waits until ``semaphores[wait_sem] >= wait_value``,
+    then goes to the unit (``NOP`` and ``END`` need none). An entry per instruction in a
+    retire queue keeps program order: ``retire`` pulses of the unit complete the oldest unit
+    instruction, ``NOP``/``END`` complete when they reach the head; a completing instruction
+    with ``signal`` increments its semaphore.
 
     A fault (``error``, with ``error_code`` and ``error_pc``) stops the sequencer until the
     next ``start``; ``halt`` (a fault elsewhere in the core) stops it from handing anything
@@ -77,7 +78,8 @@ class Sequencer(wiring.Component):
     instruction : ``Out(stream.Signature(unit_layout(engine)))``
         Checked instructions for the unit.
     check : ``Out(unit_layout(engine))``, ``check_valid`` : ``Out(1)``
-        The instruction being checked; ``fault`` : ``In(3)`` the unit's verdict.
+        The instruction being assembled, and high in the cycle it is complete (the check
+        cycle); ``fault`` : ``In(3)`` the unit's verdict on it, combinational.
     retire : ``In(1)``
         The unit completed its oldest instruction.
     finished : ``Out(1)``
@@ -198,7 +200,13 @@ class Sequencer(wiring.Component):
         bad_sem = Signal()
         m.d.comb += bad_sem.eq((header.wait & (header.wait_sem >= semaphores)) |
                                (header.signal & (header.signal_sem >= semaphores)))
+        # The check is made in the cycle the instruction's last bytes are in (FETCH with
+        # ``complete``) and registered for READY: its adders and compares (the unit's field
+        # rules) then stay out of READY's issue, halt and start paths, which cross the core.
+        # The verdict cannot go stale: a unit's rules read only the instruction, the
+        # configuration and what the unit accepted, and it accepts only in READY.
         check_code = Signal(3)
+        checked_code = Signal(3)
         with m.If(~legal):
             m.d.comb += check_code.eq(Fault.ILLEGAL_OPCODE)
         with m.Elif(bad_sem):
@@ -283,6 +291,8 @@ class Sequencer(wiring.Component):
                     with m.If(bad_beat):
                         fault(Fault.FETCH_ERROR)
                     with m.Else():
+                        m.d.comb += self.check_valid.eq(1)
+                        m.d.sync += checked_code.eq(check_code)
                         m.next = "READY"
                 with m.Elif(pc + have * unit >= cfg.hbm_bytes):
                     fault(Fault.FETCH_ERROR)
@@ -305,9 +315,8 @@ class Sequencer(wiring.Component):
                         ]
                 restart_if_started()
             with m.State("READY"):
-                m.d.comb += self.check_valid.eq(1)
-                with m.If(check_code != 0):
-                    fault(check_code)
+                with m.If(checked_code != 0):
+                    fault(checked_code)
                 with m.Elif(~wait_ok):
                     # Not gated by halt: the deadlock fault names the waiting engine in the
                     # cycle it halts everything.

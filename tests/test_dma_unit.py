@@ -100,17 +100,25 @@ def test_descriptors_and_retires(name):
         unfinished = deque()            # (earliest finish cycle, bytes)
         finished = 0
         last_done = -2
+        checked = None                  # checked this cycle: offered from the next
         for cycle in range(20000):
-            if offered is None and accepted < len(program) and rng.random() < 0.7:
-                offered = program[accepted]
+            if checked is not None:
+                offered, checked = checked, None
                 ctx.set(source.payload.as_value(), _bits(Opcode.DMA, offered))
+            elif offered is None and accepted < len(program) and rng.random() < 0.7:
+                # As the sequencer does: the check cycle, then the offer.
+                checked = program[accepted]
+            ctx.set(dut.check.as_value(), _bits(Opcode.DMA, checked) if checked else
+                    rng.getrandbits(len(dut.check.as_value())))
+            ctx.set(dut.check_valid, checked is not None)
             ctx.set(source.valid, offered is not None)
             ready = rng.random() < 0.6
             ctx.set(sink.ready, ready)
-            # Slow finishes at first (the record fills), then as fast as allowed (back to
-            # back).
+            # Phases of slow finishes (the record fills) and of finishes as fast as allowed
+            # (back to back; instructions come at most every other cycle, each after its
+            # check cycle, so only a full record drains back to back).
             done = bool(unfinished) and unfinished[0][0] <= cycle and (
-                finished >= 50 or rng.random() < 0.1)
+                (finished // 25) % 2 == 1 or rng.random() < 0.1)
             ctx.set(dut.dma_done, done)
 
             assert ctx.get(dut.active) == bool(unfinished), cycle

@@ -106,3 +106,62 @@ def test_a_board_top_it_cannot_build_is_refused(tmp_path, capsys):
                  "hbm_bytes=67108864", "--build-dir", str(tmp_path)]) == 2
     assert "hbm_bytes=67,108,864: the board top holds its HBM in on-chip block RAM" \
         in capsys.readouterr().err
+
+
+_STALLING_NEXTPNR = '''#!{python}
+"""A stand-in for nextpnr-ecp5 whose router2 stops converging after its second pass."""
+import sys, time
+prefix = sys.argv[sys.argv.index("--router2-heatmap") + 1]
+for iteration in range(1, 40):
+    overused = 9000 if iteration == 1 else 5000 + iteration % 3
+    with open(f"{{prefix}}_congestion_by_net_{{iteration}}.csv", "w") as heatmap:
+        heatmap.write("engine.lane_0.product_TRELLIS_FF_Q_DI[3],700\\n"
+                      "engine.lane_1.product_LUT4_Z[0],600\\n"
+                      "engine.lane_1.pre[2],100\\n"
+                      "memory.psum.read_last,400\\n"
+                      "error,3\\n")
+    print(f"Info:     iter={{iteration}} wires=800000 overused={{overused}} overuse=1 "
+          "archfail=NA", flush=True)
+    time.sleep(0.05)
+time.sleep(600)                  # never finishes: the flow must stop it
+'''
+
+
+def test_a_router_that_stops_converging_is_stopped_and_its_congestion_shown(
+        tmp_path, capsys, monkeypatch):
+    """router2 that no longer works its overused wires down is stopped after
+    STALL_ITERATIONS passes without a new low, not waited for; the table says which blocks
+    hold the overuse (numbered instances together), and only the last pass's file stays.
+    A tool silent for a while still gets progress lines."""
+    import sys
+    import time
+
+    tool = tmp_path / "nextpnr"
+    tool.write_text(_STALLING_NEXTPNR.format(python=sys.executable))
+    tool.chmod(0o755)
+    yosys = tmp_path / "yosys"
+    yosys.write_text("#!/bin/sh\necho synthesising\nsleep 1\n")      # silent for a while
+    yosys.chmod(0o755)
+    monkeypatch.setenv("NEXTPNR_ECP5", str(tool))
+    monkeypatch.setenv("YOSYS", str(yosys))
+    monkeypatch.setattr(fpga, "PROGRESS_SECONDS", 0.2)
+    build = tmp_path / "build"
+    started = time.monotonic()
+    code = main(["fpga", "--top", "fp_cast", "--build-dir", str(build), "--json"])
+    assert time.monotonic() - started < 60
+    out, err = capsys.readouterr()
+    assert code == 1
+    stalled = json.loads(out)
+    last = 2 + fpga.STALL_ITERATIONS
+    assert stalled["routed"] is False and stalled["iteration"] == last
+    assert stalled["overused_wires"] == 5000 + last % 3
+    assert stalled["congestion"] == [
+        {"block": "engine.lane_*", "overuse": 1400, "percent": 77.6, "worst": "product"},
+        {"block": "memory.psum", "overuse": 400, "percent": 22.2, "worst": "read_last"},
+        {"block": "(top)", "overuse": 3, "percent": 0.2, "worst": "error"},
+    ]
+    assert f"routing pass {last}, {5000 + last % 3:,} wires overused" in err
+    # A silent tool still gets progress lines.
+    assert "yosys still running" in err and "synthesising" in err
+    heatmaps = sorted(path.name for path in (build / "heatmap").iterdir())
+    assert heatmaps == [f"router2_congestion_by_net_{last}.csv"]

@@ -274,6 +274,7 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
         expected, outcome = None, None
         pushes, completions = [], []
         next_pc = None                     # pc expected in the next cycle
+        ready_code = None                  # the verdict kept for READY (None: not in READY)
         error_due = None                   # (code, pc) expected from the next cycle on
         stopped = None                     # cycle from which no new AR may appear
         end_pushed = end_done = error_seen = False
@@ -292,10 +293,13 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
             values = [(base[i] + own[i]) & VALUE_MASK for i in range(sems)]
             ctx.set(dut.semaphores.as_value(),
                     sum(v << (VALUE_BITS * i) for i, v in enumerate(values)))
-            check_valid = ctx.get(dut.check_valid)
+            # The check cycle (the instruction's last bytes are in) gives the verdict, which
+            # the sequencer keeps for READY (ready_code: None outside READY).
+            checking = ctx.get(dut.check_valid)
             bits = ctx.get(dut.check.as_value())
             # Outside a check, the verdict is junk the sequencer must not look at.
-            ctx.set(dut.fault, _verdict(bits) if check_valid else rng.randrange(8))
+            ctx.set(dut.fault, _verdict(bits) if checking else rng.randrange(8))
+            check_valid = ready_code is not None
             retire = bool(retires) and retires[0] <= cycle
             if retire:
                 retires.popleft()
@@ -328,11 +332,12 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 assert len(pushes) == len(expected), (cycle, "fault before the stream's end")
             if not error:
                 assert ctx.get(dut.error_code) == 0, cycle
-            assert not (error_seen and check_valid), cycle
-            assert not (end_pushed and check_valid), cycle
+            assert not (error_seen and (check_valid or checking)), cycle
+            assert not (end_pushed and (check_valid or checking)), cycle
+            assert not (check_valid and checking), cycle
 
             # What the sequencer must offer this cycle.
-            code = _check(cfg, engine, bits) if check_valid else None
+            code = ready_code
             opcode = bits & 0xFF
             unit = opcode not in (Opcode.END, Opcode.NOP)
             h = _header(bits)
@@ -400,12 +405,19 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 if opcode == Opcode.END:
                     end_pushed = True
                     stopped = cycle + 1
+            # READY is entered after a check cycle and left by an issue, a fault (raised the
+            # next cycle) or a start (below).
+            if push or (check_valid and code != Fault.NONE):
+                ready_code = None
+            if checking:
+                ready_code = _check(cfg, engine, bits)
             hbm.sample(ctx, port, cycle)
             if stopped is not None and hbm.last_new_ar is not None:
                 assert hbm.last_new_ar <= stopped, (cycle, "fetch after END or a fault")
 
             # -- run control --------------------------------------------------------------
             if start:
+                ready_code = None
                 state = "run"
                 expected, outcome = _reference(cfg, engine, image, runs[run], bad)
                 pushes, completions = [], []

@@ -716,6 +716,16 @@ def _cmd_fpga(args):
     try:
         result = fpga.build(cfg, build_dir, board=args.board, top=args.top, baud=args.baud,
                             seed=args.seed, progress=progress)
+    except fpga.RoutingStalled as stalled:
+        # Not a usage error: the design does not route. Where it is congested, per block.
+        if args.json:
+            print(json.dumps(stalled.to_dict(), indent=2))
+        else:
+            print(f"{stalled}\n\nwhere the router found too few wires (router2's overuse "
+                  f"after pass {stalled.iteration}, per block):\n")
+            print(fpga.congestion_table(stalled.congestion))
+            print("\nDOES NOT route")
+        return 1
     except fpga.ToolError as exc:
         raise ConfigError(str(exc)) from None
     if args.json:

@@ -14,12 +14,15 @@ Two targets (:data:`TARGETS`):
 the maximum frequency of each clock against its target, from nextpnr's report.
 """
 
+import csv
 import dataclasses
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +35,26 @@ from opentrn.config import ConfigError
 from opentrn.hdl.board_top import DEFAULT_BAUD
 
 __all__ = ["build", "BoardPins", "Result", "Part", "PARTS", "BOARDS", "TARGETS", "ToolError",
-           "TOOLS", "RESOURCES", "DEFAULT_BAUD", "pll_dividers", "main_table"]
+           "RoutingStalled", "TOOLS", "RESOURCES", "DEFAULT_BAUD", "pll_dividers",
+           "main_table", "congestion_by_block", "congestion_table"]
 
 
 class ToolError(RuntimeError):
     """A tool of the flow is missing or failed (the message names it and its log)."""
+
+
+class RoutingStalled(ToolError):
+    """nextpnr's router2 stopped converging (:data:`STALL_ITERATIONS`): the design is
+    congested. ``congestion`` (:func:`congestion_by_block`) says where, ``iteration`` and
+    ``overused`` how far it got."""
+
+    def __init__(self, message, *, iteration, overused, congestion):
+        super().__init__(message)
+        self.iteration, self.overused, self.congestion = iteration, overused, congestion
+
+    def to_dict(self):
+        return {"routed": False, "message": str(self), "iteration": self.iteration,
+                "overused_wires": self.overused, "congestion": self.congestion}
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,20 @@ RESOURCES = {"TRELLIS_COMB": "LUT4", "TRELLIS_FF": "FF", "MULT18X18D": "DSP (18x
 
 #: Seconds between progress lines while a tool runs.
 PROGRESS_SECONDS = 10.0
+
+#: router2 works the overused wires down pass by pass; after this many passes without a new
+#: lowest count (lower by :data:`STALL_MARGIN` at least) the flow stops it (the design is
+#: congested; measured: the board top once hovered at 20,700 overused wires from its 7th
+#: pass on, for half an hour) and reports where the congestion is.
+STALL_ITERATIONS = 8
+STALL_MARGIN = 0.02
+#: Below this many overused wires the router is never stopped: the last few take it many
+#: passes (a 4x4 board top: 17 after pass 37, 12 after 43, 1 after 51, routed at 53).
+STALL_FLOOR = 100
+#: router2's congestion files (``--router2-heatmap``), in the build folder; only the latest
+#: pass's are kept.
+HEATMAP_PREFIX = "heatmap/router2"
+_ROUTER_PASS = re.compile(r"iter=(\d+) wires=\d+ overused=(\d+)")
 
 
 @dataclass
@@ -118,11 +150,18 @@ class _Watcher:
         self.name, self.progress, self.phases = name, progress, phases
         self.latest = None
         self.told = time.monotonic()
+        self.router = _RouterWatch()
 
     def line(self, text):
         text = text.strip()
         if not text:
             return
+        if self.router.line(text):
+            iteration, overused = self.router.last
+            _say(self.progress, f"{self.name}: routing pass {iteration}, {overused:,} wires "
+                                "overused")
+            self.told = time.monotonic()
+            return True
         for marker, phase in self.phases:
             if marker in text:
                 _say(self.progress, f"{self.name}: {phase}")
@@ -132,6 +171,37 @@ class _Watcher:
         if time.monotonic() - self.told >= PROGRESS_SECONDS:
             _say(self.progress, f"{self.name}: {self.latest[:110]}")
             self.told = time.monotonic()
+        return False
+
+    def quiet(self, seconds):
+        """No output for a while: say the tool still runs, and what it said last."""
+        latest = f": {self.latest[:90]}" if self.latest else ""
+        _say(self.progress, f"{self.name} still running ({seconds:.0f} s){latest}")
+        self.told = time.monotonic()
+
+
+class _RouterWatch:
+    """router2's passes: the overused wires after each, and whether they stopped falling."""
+
+    def __init__(self):
+        self.last = None                  # (pass, overused wires)
+        self.best = None                  # the lowest count, and its pass
+
+    def line(self, text):
+        """Take a line of nextpnr's output; True for a router2 pass's summary."""
+        found = _ROUTER_PASS.search(text)
+        if not found:
+            return False
+        iteration, overused = int(found[1]), int(found[2])
+        self.last = (iteration, overused)
+        if self.best is None or overused < self.best[0] * (1 - STALL_MARGIN):
+            self.best = (overused, iteration)
+        return True
+
+    @property
+    def stalled(self):
+        return (self.last is not None and self.last[1] > STALL_FLOOR
+                and self.last[0] - self.best[1] >= STALL_ITERATIONS)
 
 
 #: Lines of each tool's output that start a phase worth a progress line at once.
@@ -152,24 +222,93 @@ _PHASES = {
 }
 
 
+def _read_lines(stream, lines):
+    for text in stream:
+        lines.put(text)
+    lines.put(None)
+
+
 def _run(name, args, *, cwd, log, progress, env=None):
     """Run tool ``name`` with ``args`` in ``cwd``, its output to ``log`` and, as progress,
     the phases and a line every few seconds. Raises :class:`ToolError` on failure."""
     command = [_tool(name), *args]
     watcher = _Watcher(name, progress, _PHASES[name])
     started = time.monotonic()
-    with open(log, "w") as out:
+    with open(log, "w", buffering=1) as out:         # line by line: tail -f works
         process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, errors="replace",
                                    env=env)
-        for text in process.stdout:
+        # A reader thread, so that a tool silent for minutes (abc9, the placer's
+        # annealing) still gets a progress line every PROGRESS_SECONDS.
+        lines = queue.Queue()
+        threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
+        while True:
+            try:
+                text = lines.get(timeout=PROGRESS_SECONDS)
+            except queue.Empty:
+                watcher.quiet(time.monotonic() - started)
+                continue
+            if text is None:
+                break
             out.write(text)
-            watcher.line(text)
+            if watcher.line(text):
+                _keep_latest_heatmap(Path(cwd), watcher.router.last[0])
+            if watcher.router.stalled:
+                process.kill()
+                process.wait()
+                iteration, overused = watcher.router.last
+                heatmap = Path(cwd) / f"{HEATMAP_PREFIX}_congestion_by_net_{iteration}.csv"
+                congestion = congestion_by_block(heatmap) if heatmap.exists() else []
+                raise RoutingStalled(
+                    f"{name}: routing does not converge: {overused:,} wires still overused "
+                    f"after pass {iteration}, no fewer than {STALL_ITERATIONS} passes before "
+                    f"(the design is congested; log {log})", iteration=iteration,
+                    overused=overused, congestion=congestion)
         code = process.wait()
     if code:
         tail = Path(log).read_text(errors="replace").strip().splitlines()[-5:]
         raise ToolError(f"{name} failed (exit {code}; log {log}):\n  " + "\n  ".join(tail))
     return time.monotonic() - started
+
+
+def _keep_latest_heatmap(build_dir, iteration):
+    """Delete router2's congestion files of the passes before ``iteration`` (a few MB each)."""
+    pattern = re.compile(r"_(\d+)\.csv$")
+    folder = (build_dir / HEATMAP_PREFIX).parent
+    for path in folder.glob(f"{Path(HEATMAP_PREFIX).name}_*.csv"):
+        found = pattern.search(path.name)
+        if found and int(found[1]) < iteration:
+            path.unlink()
+
+
+#: A numbered instance (``lane_3``, ``partition_12``), summed with its siblings.
+_INSTANCE_NUMBER = re.compile(r"_\d+$")
+
+
+def congestion_by_block(path, *, depth=4):
+    """router2's congestion-by-net file summed per block: ``[{"block", "overuse",
+    "percent", "worst"}]``, the largest first. A net's block is the first ``depth`` levels of
+    the hierarchy its (mapped) name carries, numbered instances counted together
+    (``core.activation_unit.engine.lane_*``); ``worst`` is the block's most congested signal."""
+    totals, worst = {}, {}
+    with open(path, newline="") as rows:
+        for row in csv.reader(rows):
+            if len(row) < 2 or not row[1].strip().isdigit():
+                continue
+            signal = _signal(re.sub(r"\[\d+\]$", "", row[0]))
+            *scopes, leaf = signal.split(".")
+            block = ".".join(_INSTANCE_NUMBER.sub("_*", scope) for scope in scopes[:depth])
+            block = block or "(top)"
+            overuse = int(row[1])
+            totals[block] = totals.get(block, 0) + overuse
+            name = ".".join([*(_INSTANCE_NUMBER.sub("_*", scope) for scope in scopes[depth:]),
+                             leaf])
+            per_signal = worst.setdefault(block, {})
+            per_signal[name] = per_signal.get(name, 0) + overuse
+    total = sum(totals.values()) or 1
+    return [{"block": block, "overuse": overuse, "percent": round(100 * overuse / total, 1),
+             "worst": max(worst[block].items(), key=lambda item: item[1])[0]}
+            for block, overuse in sorted(totals.items(), key=lambda item: -item[1])]
 
 
 def _report(path, part, top, target, target_hz, bitstream, build_dir, seconds):
@@ -221,7 +360,7 @@ def _nextpnr_args(part, seed):
     # 40% of what it routed and still had 127,066 of 183,799 arcs to route after 7 minutes.
     return [part.device_option, "--package", part.package, "--speed", str(part.speed),
             "--seed", str(seed), "--report", "report.json", "--timing-allow-fail",
-            "--router", "router2"]
+            "--router", "router2", "--router2-heatmap", HEATMAP_PREFIX]
 
 
 def _ooc(config, build_dir, *, top, seed, progress):
@@ -388,9 +527,21 @@ def build(config, build_dir, *, board="ooc", top="core", baud=DEFAULT_BAUD, seed
         _tool(name)
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
+    heatmaps = (build_dir / HEATMAP_PREFIX).parent
+    shutil.rmtree(heatmaps, ignore_errors=True)         # an earlier build's
+    heatmaps.mkdir()
     if board == "ooc":
         return _ooc(config, build_dir, top=top, seed=seed, progress=progress)
     return _board(config, build_dir, board=board, baud=baud, seed=seed, progress=progress)
+
+
+def congestion_table(rows, limit=12):
+    """The blocks of :func:`congestion_by_block`, as the CLI prints them."""
+    from opentrn.report import markdown_table
+
+    return markdown_table([{**row, "percent": f"{row['percent']:.1f} %"}
+                           for row in rows[:limit]],
+                          ["block", "overuse", "percent", "worst"])
 
 
 def main_table(result):
