@@ -1,7 +1,7 @@
 """A byte FIFO that takes and gives a variable number of bytes per cycle: the realignment
 buffer between a DMA's reads and writes, whose byte lanes differ."""
 
-from amaranth import C, Cat, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -86,7 +86,7 @@ class ByteGearbox(wiring.Component):
         # Head: the ``width`` bytes from the read pointer span two adjacent words of the
         # ring; pick them, then shift by the pointer's lane. Bytes past ``level`` read as
         # zero (and unpoisoned), as a shifting FIFO would hold them.
-        word_at = read_at[lane_bits:] if words > 1 else C(0, 1)
+        word_at = read_at[lane_bits:]           # capacity >= 2 words: never empty
         pair = Signal(16 * width)
         pair_poison = Signal(2 * width)
         with m.Switch(word_at):
@@ -104,13 +104,11 @@ class ByteGearbox(wiring.Component):
         shifted_poison = Signal(width)
         m.d.comb += [shifted.eq((pair >> (shift << 3))[:8 * width]),
                      shifted_poison.eq((pair_poison >> shift)[:width])]
-        held = Signal(width)                    # lanes below the level
         for lane in range(width):
-            m.d.comb += held[lane].eq(self.level > lane)
-        for lane in range(width):
+            held = self.level > lane
             m.d.comb += [
-                self.head[lane].eq(Mux(held[lane], shifted[8 * lane:8 * lane + 8], 0)),
-                self.head_poison[lane].eq(held[lane] & shifted_poison[lane]),
+                self.head[lane].eq(Mux(held, shifted[8 * lane:8 * lane + 8], 0)),
+                self.head_poison[lane].eq(held & shifted_poison[lane]),
             ]
 
         m.d.sync += [
