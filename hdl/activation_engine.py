@@ -17,7 +17,7 @@ from .hierarchy import shared
 from .params import refusing
 
 __all__ = ["ActivationEngine", "IDENTITY", "RELU", "PARAM_BITS", "SHIFT_LIMIT", "OUT_BITS",
-           "INT8_RANGE", "STAGES", "params_layout", "input_layout", "output_layout",
+           "INT8_RANGE", "STAGES", "stages", "params_layout", "input_layout", "output_layout",
            "float_outputs"]
 
 #: Codes of the ``function`` parameter.
@@ -35,6 +35,12 @@ INT8_RANGE = (-128, 127)
 #: (float: the cast). A vector accepted in cycle ``c`` is on the output in cycle
 #: ``c + STAGES``.
 STAGES = 4
+
+
+def stages(config):
+    """The engine's pipeline registers in a build: the datapath's :data:`STAGES`, after
+    ``config.activation_input_stages`` registers of the lanes' input."""
+    return STAGES + config.activation_input_stages
 
 _INT8 = numerics.data_format("int8").code
 _INT32 = numerics.data_format("int32").code
@@ -110,8 +116,9 @@ class ActivationEngine(wiring.Component):
 
     Pipeline (``STAGES`` = 4 registers): multiply; add the bias; arithmetic shift with the
     guard and sticky bits (float: the function); round, function and saturate (float: the
-    cast) into the output register. A vector accepted in cycle ``c`` is on ``output`` in
-    cycle ``c + STAGES``; one vector per cycle, on either path.
+    cast) into the output register; before them ``config.activation_input_stages`` (0 or
+    1) registers of the lanes' input. A vector accepted in cycle ``c`` is on ``output`` in
+    cycle ``c +`` :func:`stages` ``(config)``; one vector per cycle, on either path.
 
     The path not selected gets zero operands, so that its logic does not toggle (which
     costs simulation time, and power). The integer path is built only when ``int8`` is an
@@ -176,7 +183,8 @@ class ActivationEngine(wiring.Component):
         for p in range(cfg.pe_cols):
             lane = ActivationLane(acc_bits=cfg.acc_bits, integer="int8" in cfg.dtypes,
                                   float_outputs=floats, shift_limit=SHIFT_LIMIT,
-                                  out_bits=OUT_BITS, int8_range=INT8_RANGE)
+                                  out_bits=OUT_BITS, int8_range=INT8_RANGE,
+                                  input_stages=cfg.activation_input_stages)
             m.submodules[f"lane_{p}"] = shared(lane)
             m.d.comb += [
                 lane.advance.eq(advance), lane.x.eq(self.input.payload.data[p]),
@@ -188,16 +196,17 @@ class ActivationEngine(wiring.Component):
             results.append(lane.result)
         m.d.comb += self.output.payload.data.eq(Cat(results))
 
-        # valid and last travel with the vector through the STAGES registers.
-        in_flight = Signal(STAGES)
-        last = Signal(STAGES)
+        # valid and last travel with the vector through the pipeline's registers.
+        depth = stages(cfg)
+        in_flight = Signal(depth)
+        last = Signal(depth)
         with m.If(advance):
             m.d.sync += [
                 in_flight.eq((in_flight << 1) | take),
                 last.eq((last << 1) | (take & self.input.payload.last)),
             ]
         m.d.comb += [
-            self.output.valid.eq(in_flight[STAGES - 1]),
-            self.output.payload.last.eq(last[STAGES - 1]),
+            self.output.valid.eq(in_flight[depth - 1]),
+            self.output.payload.last.eq(last[depth - 1]),
         ]
         return m

@@ -1,5 +1,5 @@
 """One lane of the activation engine: the datapath of one PSUM partition, integer and float,
-through the engine's four pipeline stages."""
+through the engine's pipeline stages."""
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
@@ -20,13 +20,15 @@ _RELU = 1
 class ActivationLane(wiring.Component):
     """The datapath of one lane of :class:`~opentrn.hdl.activation_engine.ActivationEngine`
     (whose docstring states the arithmetic): ``result`` is the lane's output register,
-    ``STAGES`` advances after ``x`` entered. The engine decodes the operation once for all
-    lanes (``is_float``, ``is_int32``) and tracks which results are valid; the lane holds
-    data only (no reset), so every lane of an engine is one shared block
+    ``STAGES + input_stages`` advances after ``x`` entered. The engine decodes the
+    operation once for all lanes (``is_float``, ``is_int32``) and tracks which results are
+    valid; the lane holds data only (no reset), so every lane of an engine is one shared block
     (:mod:`opentrn.hdl.hierarchy`).
 
     ``integer`` builds the integer path (a build with int8), ``float_outputs`` the float
-    path's output formats (empty: no float path).
+    path's output formats (empty: no float path); ``input_stages`` (0 or 1) registers ``x``
+    before both paths (``Config.activation_input_stages``), so a multiply starts from
+    flip-flops.
 
     Members
     -------
@@ -44,13 +46,16 @@ class ActivationLane(wiring.Component):
     """
 
     def __init__(self, *, acc_bits, integer, float_outputs, shift_limit, out_bits,
-                 int8_range):
+                 int8_range, input_stages=0):
+        if input_stages not in (0, 1):
+            raise ValueError(f"input_stages must be 0 or 1, not {input_stages!r}")
+        self._input_stages = input_stages
         self._acc_bits, self._integer = acc_bits, bool(integer)
         self._floats = tuple(float_outputs)
         self._shift_limit, self._out_bits, self._int8_range = shift_limit, out_bits, int8_range
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
         self.shared_key = (acc_bits, self._integer, self._floats, shift_limit, out_bits,
-                           int8_range)
+                           int8_range, input_stages)
         super().__init__({
             "advance": In(1), "x": In(signed(acc_bits)),
             "is_float": In(1), "is_int32": In(1),
@@ -61,12 +66,17 @@ class ActivationLane(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        x = self.x
+        if self._input_stages:
+            x = self._register(signed(self._acc_bits), "x")
+            with m.If(self.advance):
+                m.d.sync += x.eq(self.x)
         int_result = Const(0, signed(self._out_bits))
         if self._integer:
-            int_result = self._integer_path(m)
+            int_result = self._integer_path(m, x)
         result = int_result
         if self._floats:
-            result = self._float_path(m, int_result)
+            result = self._float_path(m, x, int_result)
         output = Signal(signed(self._out_bits), reset_less=True)
         with m.If(self.advance):
             m.d.sync += output.eq(result)
@@ -76,8 +86,9 @@ class ActivationLane(wiring.Component):
     def _register(self, shape, name):
         return Signal(shape, name=name, reset_less=True)
 
-    def _integer_path(self, m):
-        """Stages 1 to 4 of the integer path; returns the stage 4 value (saturated)."""
+    def _integer_path(self, m, x):
+        """Stages 1 to 4 of the integer path from ``x``; returns the stage 4 value
+        (saturated)."""
         product_bits = self._acc_bits + 32               # signed a-bit x signed b-bit
         pre_bits = product_bits + 1                       # plus a 32-bit bias
         narrow_lo, narrow_hi = self._int8_range
@@ -101,7 +112,7 @@ class ActivationLane(wiring.Component):
         with m.If(self.advance):
             # Stage 1: the exact product; a zero operand on the float path, so that the
             # multiplier does not toggle.
-            m.d.sync += product.eq(Mux(self.is_float, 0, self.x) * self.multiplier)
+            m.d.sync += product.eq(Mux(self.is_float, 0, x) * self.multiplier)
             # Stage 2: plus the bias, exact (one bit wider).
             m.d.sync += pre.eq(product + Mux(self.is_float, 0, self.bias))
 
@@ -131,9 +142,9 @@ class ActivationLane(wiring.Component):
             ]
         return saturated
 
-    def _float_path(self, m, int_result):
-        """The float path's stages 1 to 3 and its cast; returns the stage 4 value of the
-        operation's path (the float code or ``int_result``)."""
+    def _float_path(self, m, x, int_result):
+        """The float path's stages 1 to 3 from ``x`` and its cast; returns the stage 4 value
+        of the operation's path (the float code or ``int_result``)."""
         fp32 = numerics.data_format("fp32").code
         m.submodules.fp_multiplier = multiplier = FPMultiplier(formats=("fp32",), lanes=1)
         m.submodules.fp_adder = adder = FPAdder(lanes=1)
@@ -146,7 +157,7 @@ class ActivationLane(wiring.Component):
         # toggle (Icarus re-evaluates every change, bit by bit).
         m.d.comb += [
             multiplier.format.eq(fp32),
-            multiplier.a[0].eq(Mux(self.is_float, self.x[:32], 0)),
+            multiplier.a[0].eq(Mux(self.is_float, x[:32], 0)),
             multiplier.b[0].eq(Mux(self.is_float, self.multiplier.as_unsigned(), 0)),
             adder.a[0].eq(product),
             adder.b[0].eq(Mux(self.is_float, self.bias.as_unsigned(), 0)),

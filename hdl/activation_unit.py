@@ -71,8 +71,10 @@ def fault_of(m, check, config):
     m.d.comb += is_float.eq(Cat(out_format == code for code in floats).any() if floats else 0)
     out_bytes = Signal(range(INT32_BYTES + 1), name="check_out_bytes")
     m.d.comb += out_bytes.eq(_out_bytes(out_format, cfg))
-    # Field values are at most 32 bits: these sums and products cannot wrap.
-    dst_end = check.dst_offset + n * out_bytes
+    # Field values are at most 32 bits: these sums cannot wrap. The result bytes are 1, 2
+    # or 4: a shift, not a multiplier, in the check's path.
+    dst_end = check.dst_offset + Mux(out_bytes == INT32_BYTES, n << 2,
+                                     Mux(out_bytes == 2, n << 1, n))
     src_end = check.src_offset + n
 
     overlap = (check.src_offset < dst_end) & (check.dst_offset < src_end)
@@ -139,10 +141,10 @@ class ActivationUnit(wiring.Component):
     Between instructions the unit drains: the next instruction is accepted only once the
     previous one has retired, so the engine params never change under vectors in flight.
     Within an instruction one vector enters the engine per cycle when the memories grant
-    every cycle; an instruction takes ``n + 8`` cycles from its transfer to the cycle after
-    its retire (``+ 2`` with bias), when the next can transfer, on either path and for
-    every output format. In-place operation
-    (``src = 1``, ``src_offset == dst_offset``, int8 out) is correct because every source
+    every cycle; an instruction takes ``n + 8 + activation_input_stages`` cycles from its
+    transfer to the cycle after its retire (``+ 2`` with bias), when the next can transfer,
+    on either path and for every output format. In-place operation (``src = 1``,
+    ``src_offset == dst_offset``, int8 out) is correct because every source
     word is read once, before any result of its bytes exists.
 
     Members
@@ -240,11 +242,18 @@ class ActivationUnit(wiring.Component):
         out_address = Signal(range(cfg.sbuf_bytes_per_partition + 1))
         assembly_strobe = Signal(width)
         write_last = Signal()
-        # Bytes of one result, decoded once per instruction.
+        # Bytes of one result, decoded once per instruction; the index of its last vector.
         result_bytes = Signal(range(INT32_BYTES + 1))
+        last_index = Signal(range(cfg.moving_max))
+        # The next result completes its SBUF word or is the instruction's last (the word
+        # then goes out), registered with the address and index it depends on: the engine's
+        # back-pressure then starts from flip-flops and the SBUF's write grant alone.
+        complete = Signal()
+
+        def completes(address, size, index, last):
+            return (address[:byte_bits] + size == width) | (index == last)
 
         src = ins.src
-        last_index = ins.n - 1
 
         # Each lane's slots, input value, bias word and result assembly: one shared block
         # per lane (activation_unit_lane.py), so the unit does not grow with the lanes.
@@ -285,6 +294,9 @@ class ActivationUnit(wiring.Component):
                         out_index.eq(0),
                         out_address.eq(new.dst_offset),
                         result_bytes.eq(_out_bytes(new.out_format, cfg)),
+                        last_index.eq(new.n - 1),
+                        complete.eq(completes(new.dst_offset, _out_bytes(new.out_format, cfg),
+                                              0, new.n - 1)),
                     ]
                     m.d.sync += bias.eq(0)
                     with m.If(new.bias):
@@ -369,10 +381,6 @@ class ActivationUnit(wiring.Component):
 
         # -- engine -> assembly register -> write register -------------------------------
         position = out_address[:byte_bits]
-        # The result completes its word, or is the instruction's last: the word goes out.
-        complete = Signal()
-        m.d.comb += complete.eq((position + result_bytes == width)
-                                | (out_index == last_index))
         write_free = ~write.valid | write.ready
         m.d.comb += result.ready.eq(~complete | write_free)
         enable = Signal(width)
@@ -390,8 +398,10 @@ class ActivationUnit(wiring.Component):
         with m.If(write.valid & write.ready):
             m.d.sync += write.valid.eq(0)
         with m.If(result.valid & result.ready):
-            m.d.sync += [out_index.eq(out_index + 1),
-                         out_address.eq(out_address + result_bytes)]
+            next_address = out_address + result_bytes
+            m.d.sync += [out_index.eq(out_index + 1), out_address.eq(next_address),
+                         complete.eq(completes(next_address, result_bytes, out_index + 1,
+                                               last_index))]
             with m.If(complete):
                 m.d.sync += [
                     write.valid.eq(1),

@@ -2,6 +2,8 @@
 memory with a synchronous read port and a byte-write port, which Yosys maps onto ECP5 DP16KD
 block RAMs, plus a word port for the host (:class:`BlockRAMMemory`)."""
 
+import itertools
+
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
@@ -15,7 +17,13 @@ from .hierarchy import zero_filled
 from .params import check_positive, refusing
 
 __all__ = ["BlockRAMMemory", "MemoryPortSignature", "request_layout", "response_layout",
-           "READ_QUEUE", "RESPONSE_QUEUE"]
+           "LATENCY", "READ_QUEUE", "RESPONSE_QUEUE"]
+
+#: The latency of :class:`~opentrn.hdl.axi4_memory.AXI4Memory` whose timing this memory has,
+#: handshake for handshake (``opentrn.cycle_model.predict(program, latency=LATENCY)`` gives a
+#: board's counters): a read address is registered before it is read, so no path runs from
+#: a manager's AR channel into the block RAMs' address inputs.
+LATENCY = 1
 
 #: Read beats between the memory and the R channel: the beats in the read pipeline (one) and
 #: in the output queue together. Issuing the next read only while fewer are in flight, with
@@ -98,19 +106,19 @@ class BlockRAMMemory(wiring.Component):
     after a block RAM's slow clock-to-output is on a combinational path out.
 
     Timing, with no host access (the timing of :class:`~opentrn.hdl.axi4_memory.AXI4Memory`
-    at latency 0, handshake for handshake, so :mod:`opentrn.cycle_model` predicts the core's
-    counters on a board):
+    at latency :data:`LATENCY`, handshake for handshake, so :mod:`opentrn.cycle_model`
+    predicts the core's counters on a board):
 
     * AR is ready while fewer than ``outstanding`` bursts are in flight (from the address to
       the last beat's transfer; the core has at most 7: always). A burst whose address
-      transfers in cycle ``t`` presents its first beat in ``t + 2``, then one beat per cycle
-      while ``rready`` is high; bursts are answered in order. A beat is read from the memory
-      two cycles before it is presented (from the AR channel itself when nothing is queued)
-      into a queue of :data:`READ_QUEUE` registers, so a stalled R channel costs nothing when
-      it resumes.
+      transfers in cycle ``t`` is queued, and presents its first beat in ``t + 3``, then one
+      beat per cycle while ``rready`` is high; bursts are answered in order. A beat is read
+      from the memory two cycles before it is presented into a queue of :data:`READ_QUEUE`
+      registers, so a stalled R channel costs nothing when it resumes. The burst's checks
+      (the error it answers) are made on the queue's head, not on the AR channel.
     * W is ready once its burst's address has transferred (it never is earlier; the core's
       managers send W after AW). A beat is registered at its transfer and written the cycle
-      after; the burst's response presents two cycles after its last beat.
+      after; the burst's response presents three cycles after its last beat.
     * AW ready follows cocotbext-axi's AW queue (two addresses) in front of the RAM's write
       process, as :class:`~opentrn.hdl.axi4_memory.AXI4Memory` models it.
 
@@ -209,12 +217,13 @@ class BlockRAMMemory(wiring.Component):
         with m.If(host_take):
             m.d.sync += host_busy.eq(1)
 
-        # -- reads: bursts queued in order, beats read two cycles ahead -----------------------
+        # -- reads: bursts queued in order, checked at the head, beats read two cycles ahead --
+        queued = data.StructLayout({"addr": addr_width, "length": 8, "id": id_width,
+                                    "size": 3, "burst": 2})
         burst = data.StructLayout({"word": word_width - 1, "length": 8, "id": id_width,
                                    "resp": 2})
-        m.submodules.reads = reads = SyncFIFO(width=burst.size, depth=self._outstanding)
-        head = data.View(burst, reads.r_data)
-        incoming = Signal(burst)
+        m.submodules.reads = reads = SyncFIFO(width=queued.size, depth=self._outstanding)
+        head = data.View(queued, reads.r_data)
         ar_taken = Signal()
         # Bursts from their address to their last beat's transfer, as AXI4Memory counts them
         # (its queue holds each until then); the queue here holds fewer: never full.
@@ -222,26 +231,25 @@ class BlockRAMMemory(wiring.Component):
         m.d.comb += [
             axi.arready.eq(in_flight != self._outstanding),
             ar_taken.eq(axi.arvalid & axi.arready),
-            incoming.word.eq(axi.araddr[word_bits:]),
-            incoming.length.eq(axi.arlen),
-            incoming.id.eq(axi.arid),
-            incoming.resp.eq(burst_response("ar", axi.araddr, axi.arlen, axi.arsize,
-                                            axi.arburst)),
-            reads.w_data.eq(incoming),
+            reads.w_en.eq(ar_taken),
+            reads.w_data.eq(Cat(axi.araddr, axi.arlen, axi.arid, axi.arsize, axi.arburst)),
+        ]
+        oldest = Signal(burst)
+        m.d.comb += [
+            oldest.word.eq(head.addr[word_bits:]), oldest.length.eq(head.length),
+            oldest.id.eq(head.id),
+            oldest.resp.eq(burst_response("ar", head.addr, head.length, head.size, head.burst)),
         ]
         # The burst being read (``length``: beats after the one at ``word``).
         current = Signal(burst)
         current_valid = Signal()
-        # The next beat to read: the current burst's, else the oldest queued burst's first,
-        # else that of an address transferring now (which then skips the queue).
+        # The next beat to read: the current burst's, else the oldest queued burst's first.
         source = Signal(burst)
         source_valid = Signal()
         with m.If(current_valid):
             m.d.comb += [source.eq(current), source_valid.eq(1)]
         with m.Elif(reads.r_rdy):
-            m.d.comb += [source.eq(head), source_valid.eq(1)]
-        with m.Elif(ar_taken):
-            m.d.comb += [source.eq(incoming), source_valid.eq(1)]
+            m.d.comb += [source.eq(oldest), source_valid.eq(1)]
 
         beat = data.StructLayout({"data": data_width, "id": id_width, "resp": 2, "last": 1})
         queue = _Queue(m, beat, READ_QUEUE, "r_slot")
@@ -251,8 +259,7 @@ class BlockRAMMemory(wiring.Component):
         issue = Signal()
         m.d.comb += [
             issue.eq(source_valid & (stage.axi + queue.count < READ_QUEUE) & ~host_read),
-            reads.r_en.eq(issue & ~current_valid & reads.r_rdy),
-            reads.w_en.eq(ar_taken & ~(issue & ~current_valid & ~reads.r_rdy)),
+            reads.r_en.eq(issue & ~current_valid),
             read.en.eq(issue | host_read),
             read.addr.eq(Mux(host_read, request.payload.addr, source.word)),
         ]
@@ -303,7 +310,9 @@ class BlockRAMMemory(wiring.Component):
         writing_burst = data.View(address, writes.r_data)
         responses = _Queue(m, data.StructLayout({"id": id_width, "resp": 2}), RESPONSE_QUEUE,
                            "b_slot")
-        b_stage = Signal(data.StructLayout({"valid": 1, "id": id_width, "resp": 2}))
+        # The responses on their way to the queue: one stage per cycle of LATENCY, and one.
+        b_stages = [Signal(data.StructLayout({"valid": 1, "id": id_width, "resp": 2}),
+                           name=f"b_stage{index}") for index in range(LATENCY + 1)]
         w_beat = Signal(8)
         w_taken, w_last = Signal(), Signal()
         target = Signal(word_width)
@@ -311,7 +320,8 @@ class BlockRAMMemory(wiring.Component):
             # No W beat before its address, none in a cycle the host writes, none that could
             # find the response queue full.
             axi.wready.eq(writes.r_rdy & ~host_write
-                          & (responses.count + b_stage.valid < RESPONSE_QUEUE)),
+                          & (responses.count + sum(stage.valid for stage in b_stages)
+                             < RESPONSE_QUEUE)),
             w_taken.eq(axi.wvalid & axi.wready),
             w_last.eq(w_taken & axi.wlast),
             target.eq(writing_burst.word + w_beat),
@@ -339,10 +349,12 @@ class BlockRAMMemory(wiring.Component):
             with m.If(axi.wlast):
                 m.d.sync += w_beat.eq(0)
                 m.d.comb += writes.r_en.eq(1)
-        # The response: registered at the last beat, queued the cycle after, presented the
-        # cycle after that.
-        m.d.sync += [b_stage.valid.eq(w_last), b_stage.id.eq(writing_burst.id),
-                     b_stage.resp.eq(writing_burst.resp)]
+        # The response: registered at the last beat, through the stages, queued, presented the
+        # cycle after.
+        m.d.sync += [b_stages[0].valid.eq(w_last), b_stages[0].id.eq(writing_burst.id),
+                     b_stages[0].resp.eq(writing_burst.resp)]
+        for earlier, later in itertools.pairwise(b_stages):
+            m.d.sync += later.eq(earlier)
         b_taken = Signal()
         m.d.comb += [
             axi.bvalid.eq(responses.count != 0),
@@ -350,7 +362,7 @@ class BlockRAMMemory(wiring.Component):
             axi.bresp.eq(responses.head.resp),
             b_taken.eq(axi.bvalid & axi.bready),
         ]
-        responses.update(b_stage.valid, Cat(b_stage.id, b_stage.resp), b_taken)
+        responses.update(b_stages[-1].valid, Cat(b_stages[-1].id, b_stages[-1].resp), b_taken)
 
         # -- AW ready, as cocotbext-axi's sink in front of the RAM's write process ------------
         # (as AXI4Memory models it, so the timing is the cycle model's.) The sink samples the

@@ -2,7 +2,7 @@
 the host registers; an AXI4 manager to HBM, an AXI4-Lite subordinate for the host and an
 interrupt, ready to drop into an FPGA design."""
 
-from amaranth import Module, Mux, Signal
+from amaranth import Module, Mux, Signal, Value
 from amaranth.hdl import ResetInserter
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
@@ -169,7 +169,14 @@ class Core(wiring.Component):
         m.d.comb += idle.eq(
             (sum(~sequencers[e].quiet | sequencers[e].pending for e in Engine) == 0)
             & ~tensor.active & ~activation.active & ~units[Engine.DMA].active & ~memory.busy)
-        m.d.comb += start.eq(registers.start & ~running & idle)
+        # STATUS.idle as of the cycle before: a register, so that the engines' state (their
+        # semaphore waits, queues and FIFOs) is on neither the host bus's read path nor the
+        # start's. A start pulse follows a write the registers took while STATUS showed idle
+        # and not busy; nothing is started while the core does not run, so the engines are
+        # still idle at the pulse: the registered idle tells the same as the engines'.
+        idle_shown = Signal()
+        m.d.sync += idle_shown.eq(idle)
+        m.d.comb += start.eq(registers.start & ~running & idle_shown)
 
         # Faults, in priority order when several arise in one cycle: the sequencers by
         # engine number, then a DMA error, then a deadlock.
@@ -243,15 +250,24 @@ class Core(wiring.Component):
                              units[Engine.DMA].retire_bytes, 0),
             "macs": tensor.macs,
         }
+        # A cycle's increments are registered before they are added, so that no engine's
+        # handshake (a busy flag behind a memory's grant) reaches the 64-bit adders: each
+        # counter holds its final value from the second cycle after the done or error pulse
+        # (the host reads it over the bus later than that).
+        counted = {}
+        for name in COUNTERS:
+            increment = Value.cast(increments[name])
+            counted[name] = Signal(increment.shape(), name=f"counted_{name}")
+            m.d.sync += counted[name].eq(Mux(running, increment, 0))
         with m.If(start):
             m.d.sync += counters.eq(0)
-        with m.Elif(running):
+        with m.Else():
             for index, name in enumerate(COUNTERS):
-                m.d.sync += counters[index].eq(counters[index] + increments[name])
+                m.d.sync += counters[index].eq(counters[index] + counted[name])
 
         m.d.comb += [
             registers.busy.eq(running),
-            registers.idle.eq(idle),
+            registers.idle.eq(idle_shown),
             registers.done.eq(done),
             registers.error.eq(fault),
             registers.counters.eq(counters),
@@ -269,5 +285,5 @@ class Core(wiring.Component):
         with m.If(soft_reset):
             m.d.sync += [running.eq(0), fault_latched.eq(0), counters.eq(0), error_code.eq(0),
                          error_engine.eq(0), error_pc.eq(0), error_dma.eq(0),
-                         deadlocked.eq(0)]
+                         deadlocked.eq(0), *(value.eq(0) for value in counted.values())]
         return m

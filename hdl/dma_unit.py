@@ -89,12 +89,18 @@ class DmaUnit(wiring.Component):
                 m.d.comb += getattr(getattr(sink, side), name).eq(
                     getattr(source, f"{side}_{name}"))
 
-        # The byte count of an instruction is made from ``check`` in its check cycle, so its
-        # multiplications are not in the issue's path; the sequencer hands out only the
-        # instruction it checked last, so the count is that of ``instruction``.
-        checked_bytes = Signal(BYTES_BITS)
+        # The byte count of an instruction, ``(n0 << elem_log2) * n1 * n2``, is begun from
+        # ``check`` in its check cycle (a row's bytes, and the rows: one multiply) and
+        # finished at the issue (the other), at least a cycle later: no path holds both
+        # multiplies. The sequencer hands out only the instruction it checked last, so the
+        # count is that of ``instruction``.
+        checked_row_bytes = Signal(SIZE_BITS + 3)
+        checked_rows = Signal(2 * SIZE_BITS)
         with m.If(self.check_valid):
-            m.d.sync += checked_bytes.eq((check.n0 << check.elem_log2) * check.n1 * check.n2)
+            m.d.sync += [checked_row_bytes.eq(check.n0 << check.elem_log2),
+                         checked_rows.eq(check.n1 * check.n2)]
+        checked_bytes = Signal(BYTES_BITS)
+        m.d.comb += checked_bytes.eq(checked_row_bytes * checked_rows)
 
         # The byte count of each accepted descriptor waits in a FIFO for its finish.
         # Unbuffered: an entry is readable the cycle after it is written, whenever the

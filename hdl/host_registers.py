@@ -99,7 +99,8 @@ def _registers():
         "STATUS": Register(0x014, "RO", "run status", "0 in done/error; others follow the core",
                            (
             Field("busy", 0, 1, "the core runs: started, not yet done or faulted"),
-            Field("idle", 1, 1, "no instruction in flight in any engine"),
+            Field("idle", 1, 1, "no instruction in flight in any engine (as of the previous "
+                  "cycle)"),
             Field("done", 2, 1, "sticky: the run finished without error; cleared by "
                   "`start` and `soft_reset`"),
             Field("error", 3, 1, "sticky: the run faulted; cleared by `start` and "

@@ -14,8 +14,10 @@ SIM_BUILDS = {
     "small": config.preset("small"),
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
     # Every format with two registers between the PEs' multipliers and adders (the fpga
-    # preset has one): the latency formula K + M - 1 + S, cycle-exact.
-    "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2),
+    # preset has one): the latency formula K + M - 1 + S, cycle-exact; and the activation
+    # lanes' input registered, as on the fpga preset.
+    "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2,
+                                                  activation_input_stages=1),
 }
 
 #: Builds of the tensor engine with more than one MX block (row ``k`` of the array takes the

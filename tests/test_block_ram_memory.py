@@ -1,8 +1,9 @@
 """BlockRAMMemory (block RAM standing in for HBM on a board) on Amaranth's simulator: in
-lockstep with AXI4Memory at latency 0 under random legal traffic, every handshake in the same
-cycle (so the cycle model predicts a board's counters); the contents through AXI and the host
-port; the host taking the ports in the middle of AXI traffic; an error response, never a hang
-or a write, for every burst it refuses; the refusals of bad parameters."""
+lockstep with AXI4Memory at its latency (LATENCY) under random legal traffic, every
+handshake in the same cycle (so the cycle model predicts a board's counters); the contents
+through AXI and the host port; the host taking the ports in the middle of AXI traffic; an
+error response, never a hang or a write, for every burst it refuses; the refusals of bad
+parameters."""
 
 import random
 import re
@@ -14,7 +15,7 @@ from amaranth.sim import Simulator
 
 from opentrn.hdl.axi4 import BURST_INCR, RESP_DECERR, RESP_OKAY, RESP_SLVERR
 from opentrn.hdl.axi4_memory import AXI4Memory
-from opentrn.hdl.block_ram_memory import BlockRAMMemory
+from opentrn.hdl.block_ram_memory import LATENCY, BlockRAMMemory
 
 BUS_BYTES = 8
 SIZE = 2 * 4096
@@ -172,7 +173,7 @@ def _words(model, addr, beats):
     (2, {"ar": 0.5, "aw": 0.6, "w": 0.7, "r": 0.6, "b": 0.5}),
     (3, {"ar": 0.9, "aw": 0.3, "w": 0.9, "r": 0.3, "b": 0.2}),
 ])
-def test_every_handshake_in_the_cycle_of_axi4memory_at_latency_0(seed, p):
+def test_every_handshake_in_the_cycle_of_axi4memory_at_its_latency(seed, p):
     """Random reads of one half and writes to the other, at once, then every word read back:
     each cycle both memories present the same ready and valid signals and the same beats."""
     rng = random.Random(seed)
@@ -195,6 +196,7 @@ def test_every_handshake_in_the_cycle_of_axi4memory_at_latency_0(seed, p):
     seen = {}
 
     async def bench(ctx):
+        ctx.set(ref.latency, LATENCY)
         await _lockstep(ctx, (ref, dut), _Manager(rng, [], preload, p), 5000)
         traffic = _Manager(rng, reads, writes, p)
         seen["cycles"] = await _lockstep(ctx, (ref, dut), traffic, 20000)

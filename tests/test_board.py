@@ -20,6 +20,7 @@ import pytest
 from opentrn import config, cycle_model, kernels
 from opentrn.board import Board, ProtocolError, SerialTransport, TransportError
 from opentrn.golden.core import Core as GoldenCore
+from opentrn.hdl.block_ram_memory import LATENCY
 from opentrn.hdl.board_top import MAX_MEMORY_BYTES, BoardTop
 from opentrn.hdl.host_bridge import REPLY, SYNC, Command, Status
 from opentrn.hdl.host_registers import REGISTERS
@@ -149,7 +150,7 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
     assert outcomes[0].fault == reference.fault == Fault.NONE
     assert np.array_equal(outcomes[0].hbm, reference.hbm[:len(gemm.hbm)])
     assert np.array_equal(gemm.read_outputs(outcomes[0].hbm)["c"], gemm_expected["c"])
-    assert outcomes[0].counters == cycle_model.predict(gemm)
+    assert outcomes[0].counters == cycle_model.predict(gemm, latency=LATENCY)
     assert outcomes[0].counters["macs"] == reference.counters["macs"] == gemm.macs
     # Only the words that are not zero crossed the UART, and the image came back whole.
     assert job_records[0]["uart_bytes_sent"] < len(gemm.hbm) / 2
@@ -162,7 +163,7 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
         assert outcome.fault == Fault.NONE
         assert np.array_equal(relu.read_outputs(outcome.hbm)["y"], relu_expected["y"])
         assert np.array_equal(outcome.hbm, reference.hbm[:len(relu.hbm)])
-        assert outcome.counters == cycle_model.predict(relu)
+        assert outcome.counters == cycle_model.predict(relu, latency=LATENCY)
     assert job_records[1]["uart_bytes_received"] < 1000
 
     # The faulting program: the driver names the fault; the outcome is the golden machine's.
@@ -186,7 +187,7 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
     # The next job waited for that run to end before its soft reset (outcomes[4] above); the
     # same program run to its end: every counter as the cycle model has it.
     assert outcomes[5].fault == Fault.NONE
-    assert outcomes[5].counters == cycle_model.simulate(FPGA, *LONG)
+    assert outcomes[5].counters == cycle_model.simulate(FPGA, *LONG, latency=LATENCY)
     assert outcomes[5].counters["dma_bytes"] == 65536
 
 

@@ -18,10 +18,12 @@ from .conftest import require_simulator
 #: the configuration, not only the presets'.
 BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
           "tiny-bus16": config.preset("tiny").replace(dma_bus_bytes=16),
-          # Every format with two registers between the PEs' multipliers and adders: the
-          # array's latency follows pe_multiply_stages (the fpga preset, with one, is
-          # predicted exactly on the simulated board: tests/test_board.py).
-          "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2)}
+          # Every format with two registers between the PEs' multipliers and adders and the
+          # activation lanes' input registered: the latencies follow pe_multiply_stages and
+          # activation_input_stages (the fpga preset, with one of each, is predicted
+          # exactly on the simulated board: tests/test_board.py).
+          "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2,
+                                                        activation_input_stages=1)}
 #: Random kernels per build: (build, simulator, count, largest dimension). The builds other
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.

@@ -35,6 +35,7 @@ import struct
 import numpy as np
 
 from opentrn.golden.core import Outcome
+from opentrn.hdl.block_ram_memory import LATENCY as MEMORY_LATENCY
 from opentrn.hdl.dma import ErrorCode
 from opentrn.hdl.host_bridge import (
     FIELD_BYTES,
@@ -564,7 +565,7 @@ class Board:
         if self.config is None:
             return 10.0
         from opentrn import cycle_model
-        cycles = cycle_model.upper_bound(self.config, hbm, programs)
+        cycles = cycle_model.upper_bound(self.config, hbm, programs, latency=MEMORY_LATENCY)
         return cycles / self.clock_hz + self.transport.timeout
 
     def run_images(self, jobs, **kwargs):

@@ -74,6 +74,13 @@ class Config:
         moving vector's result leaves ``K + M - 1 + pe_multiply_stages`` cycles after it)
         and nothing to its throughput, so an FPGA build reaches its clock (the ``fpga``
         preset has 1; docs/fpga.md, "Timing").
+    activation_input_stages : int
+        Registers between the activation unit's input buffer and the activation lanes'
+        multipliers, 0 or 1: 1 takes the choice of a lane's input (a PSUM entry, or a byte
+        of an SBUF word) off the path into its 32 x 32 bit multiply, for a cycle more of
+        the engine's latency (an ACTIVATE retires ``n + 7 + activation_input_stages``
+        cycles after it is handed over) and nothing of its throughput (the ``fpga`` preset
+        has 1; docs/fpga.md, "Timing").
     acc_bits : int
         Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
         any float format is in ``dtypes``.
@@ -104,6 +111,7 @@ class Config:
     dtypes: tuple
     pe_macs_per_cycle: tuple = ()
     pe_multiply_stages: int = 0
+    activation_input_stages: int = 0
     acc_bits: int
     moving_max: int
     sbuf_partitions: int
@@ -174,6 +182,8 @@ class Config:
              "must be a power of two between 1 and 65536")
         rule("pe_multiply_stages", 0 <= self.pe_multiply_stages <= 4,
              "must be between 0 and 4")
+        rule("activation_input_stages", 0 <= self.activation_input_stages <= 1,
+             "must be 0 or 1")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
              "(one matmul writes one PSUM bank)")
@@ -305,7 +315,7 @@ class Config:
 
 _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
-    "pe_multiply_stages": int, "acc_bits": int, "moving_max": int,
+    "pe_multiply_stages": int, "activation_input_stages": int, "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,
     "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
@@ -395,9 +405,10 @@ PRESETS = {
     # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
     # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32
     # bit; its HBM is on-chip block RAM of the board top (docs/fpga.md), 128 KiB = 64 more.
-    # A register after each multiplier: the 100 MHz of the ECPIX-5 board (docs/fpga.md).
+    # A register after each PE multiplier and one before each activation lane's: the 100 MHz
+    # of the ECPIX-5 board (docs/fpga.md).
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
-             "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1},
+             "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1, "activation_input_stages": 1},
     # The formats of the published throughput figures (the reference file): BF16 and FP8 on
     # both, MXFP8 on Trainium3 (nc_matmul_mx). The MAC rates are the ratios of the published
     # per-core figures: NeuronCore-v3 tflops_fp8 158 = 2 x tflops_bf16 79, NeuronCore-v4

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from amaranth.utils import exact_log2
 
 from opentrn import isa, numerics
-from opentrn.hdl.activation_engine import STAGES as ACT_STAGES
+from opentrn.hdl.activation_engine import stages as activation_stages
 from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
 from opentrn.hdl.axi4 import BOUNDARY_BYTES
 from opentrn.hdl.core import COUNTERS as CORE_COUNTERS
@@ -447,7 +447,8 @@ class _Core:
         self.act_level = 0
         self.act_in_index = 0
         self.act_in_byte = 0
-        self.act_pipe = [None] * ACT_STAGES     # last flag of the vector in each stage
+        # The last flag of the vector in each stage.
+        self.act_pipe = [None] * activation_stages(config)
         self.act_out_index = 0
         self.act_out_address = 0
         self.act_write_valid = False
@@ -1042,7 +1043,7 @@ def upper_bound(config, hbm, programs, *, latency=0):
             elif opcode == isa.Opcode.MATMUL:
                 total += f["n"] + array
             elif opcode == isa.Opcode.ACTIVATE:
-                total += f["n"] + ACTIVATE_OVERHEAD + ACT_STAGES
+                total += f["n"] + activate_overhead(config) + activation_stages(config)
             offset += isa.instruction_bytes(opcode)
     return total
 
@@ -1055,9 +1056,12 @@ def upper_bound(config, hbm, programs, *, latency=0):
 #: its last response (HBM_WRITE_RESPONSE_CYCLES).
 DMA_READ_OVERHEAD = 5 + HBM_READ_CYCLES
 DMA_WRITE_OVERHEAD = 6 + HBM_WRITE_RESPONSE_CYCLES
-#: Cycles of an ACTIVATE beyond its vectors, hand-over to retire (docs/architecture.md:
-#: ``n + 7``), and the cycle the next one is handed over in.
-ACTIVATE_OVERHEAD = 7 + 1
+
+
+def activate_overhead(config):
+    """Cycles of an ACTIVATE beyond its vectors: hand-over to retire (docs/architecture.md:
+    ``n + 7 + activation_input_stages``), and the cycle the next one is handed over in."""
+    return 7 + config.activation_input_stages + 1
 
 
 @dataclass(frozen=True)
@@ -1193,7 +1197,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             stores.append(store)
             dma_busy += store
             dma_bytes += mrows * w * out
-            acts.append(sum(c + ACTIVATE_OVERHEAD for c in chunks))
+            acts.append(sum(c + activate_overhead(config) for c in chunks))
         else:
             stores.append(0)
             acts.append(0)

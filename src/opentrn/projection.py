@@ -347,12 +347,13 @@ def activation_cycles(config, elements, *, passes=1, cores=1):
     """Cycles of ``passes`` element-wise passes over ``elements`` values on the activation
     engines of ``cores`` cores: each pass is ``ceil(elements / pe_cols)`` vectors, split over
     the cores, in instructions of at most ``moving_max`` vectors, each ``n +
-    cycle_model.ACTIVATE_OVERHEAD`` cycles (``n + 7`` to retire, docs/architecture.md, and
-    the cycle the next is handed over in)."""
+    cycle_model.activate_overhead(config)`` cycles (``n + 7`` to retire, docs/architecture.md,
+    a cycle more with ``activation_input_stages``, and the cycle the next is handed over
+    in)."""
     vectors = -(-elements // config.pe_cols)
     per_core = -(-vectors // cores)
     instructions = -(-per_core // config.moving_max)
-    return passes * (per_core + _cycle_model().ACTIVATE_OVERHEAD * instructions)
+    return passes * (per_core + _cycle_model().activate_overhead(config) * instructions)
 
 
 #: The element-wise passes of each vector op of a layer: model assumptions, not measurements.
