@@ -31,19 +31,18 @@ OUT_BITS = 32
 #: The int8 output range: the SBUF's int8 format, whatever ``in_bits`` (a build with bf16
 #: has 16-bit element registers, but an int8 result is still one byte).
 INT8_RANGE = (-128, 127)
-#: Pipeline stages: multiply, add bias, shift (float: the function), round-activate-saturate
-#: (float: the cast). A vector accepted in cycle ``c`` is on the output in cycle
-#: ``c + STAGES``.
+#: The datapath's pipeline stages: multiply, add bias, shift (float: the function),
+#: round-activate-saturate (float: the cast). A vector accepted in cycle ``c`` is on the
+#: output in cycle ``c +`` :func:`stages` (``STAGES``, and the input registers of a build).
 STAGES = 4
+_INT8 = numerics.data_format("int8").code
+_INT32 = numerics.data_format("int32").code
 
 
 def stages(config):
     """The engine's pipeline registers in a build: the datapath's :data:`STAGES`, after
     ``config.activation_input_stages`` registers of the lanes' input."""
     return STAGES + config.activation_input_stages
-
-_INT8 = numerics.data_format("int8").code
-_INT32 = numerics.data_format("int32").code
 
 
 def float_outputs(config):
