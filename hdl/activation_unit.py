@@ -282,6 +282,7 @@ class ActivationUnit(wiring.Component):
                 m.d.comb += [instruction.ready.eq(1), self.active.eq(instruction.valid)]
                 with m.If(instruction.valid):
                     new = instruction.payload
+                    new_bytes = _out_bytes(new.out_format, cfg)
                     first_word = new.src_offset >> byte_bits
                     end_word = (new.src_offset + new.n - 1) >> byte_bits
                     m.d.sync += [
@@ -293,10 +294,9 @@ class ActivationUnit(wiring.Component):
                         in_byte.eq(new.src_offset[:byte_bits]),
                         out_index.eq(0),
                         out_address.eq(new.dst_offset),
-                        result_bytes.eq(_out_bytes(new.out_format, cfg)),
+                        result_bytes.eq(new_bytes),
                         last_index.eq(new.n - 1),
-                        complete.eq(completes(new.dst_offset, _out_bytes(new.out_format, cfg),
-                                              0, new.n - 1)),
+                        complete.eq(completes(new.dst_offset, new_bytes, 0, new.n - 1)),
                     ]
                     m.d.sync += bias.eq(0)
                     with m.If(new.bias):

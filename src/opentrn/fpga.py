@@ -297,12 +297,11 @@ def congestion_by_block(path, *, depth=4):
                 continue
             signal = _signal(re.sub(r"\[\d+\]$", "", row[0]))
             *scopes, leaf = signal.split(".")
-            block = ".".join(_INSTANCE_NUMBER.sub("_*", scope) for scope in scopes[:depth])
-            block = block or "(top)"
+            scopes = [_INSTANCE_NUMBER.sub("_*", scope) for scope in scopes]
+            block = ".".join(scopes[:depth]) or "(top)"
             overuse = int(row[1])
             totals[block] = totals.get(block, 0) + overuse
-            name = ".".join([*(_INSTANCE_NUMBER.sub("_*", scope) for scope in scopes[depth:]),
-                             leaf])
+            name = ".".join([*scopes[depth:], leaf])
             per_signal = worst.setdefault(block, {})
             per_signal[name] = per_signal.get(name, 0) + overuse
     total = sum(totals.values()) or 1
