@@ -58,6 +58,7 @@ class Outcome:
     psum: np.ndarray | None
     retired: dict               # isa.Engine -> instructions completed (END included)
     semaphores: list[int]
+    timeline: object = None     # an RTL run's opentrn.timeline.Timeline, when asked for
 
 
 class _Fault(Exception):

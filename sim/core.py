@@ -12,6 +12,7 @@ from opentrn import cycle_model
 from opentrn.golden.core import Outcome
 from opentrn.hdl.core import COUNTERS
 from opentrn.isa import Engine, Fault
+from opentrn.timeline import Timeline
 
 from . import runner
 
@@ -78,8 +79,9 @@ def watchdog_cycles(config, hbm, programs, *, latency=(0, 0), backpressure=0.0):
     return int(bound / (1 - min(backpressure, 0.9))) + WATCHDOG_SLACK
 
 
-def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure=0.0,
-               seed=1, watchdog=None, progress=None, hbm=None):
+def run_images(config, jobs, *, sim=None, vcd=None, scope=None, latency=(0, 0),
+               backpressure=0.0, seed=1, watchdog=None, progress=None, hbm=None,
+               timeline=False):
     """Run each job ``(hbm, programs)`` (an HBM image from address 0 and three program
     pointers; a third item ``{"soft_reset": False}`` starts it without the soft reset that
     otherwise comes first) on the core in one simulation, one after another;
@@ -88,9 +90,19 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
     ``reports`` hold each job's status and timing. ``watchdog`` (cycles) overrides
     :func:`watchdog_cycles` (each job's bound from its instructions). ``hbm``: one of
     :data:`HBMS`, default :func:`choose_hbm`'s (both give the same cycles at a fixed
-    latency). A simulation that fails raises :class:`CoreRunError`."""
+    latency). ``vcd``: a waves file (VCD; FST on Icarus when it ends in ``.fst``);
+    ``scope``: a regex of the scopes it holds (:func:`opentrn.sim.runner.run`).
+    ``timeline``: also record each job's :class:`~opentrn.timeline.Timeline` (its
+    outcome's ``timeline``; a per-cycle probe, which slows the simulation). A simulation
+    that fails raises :class:`CoreRunError`."""
     sim = sim or runner.long_run_simulator()
     hbm_kind = choose_hbm(config, hbm, latency=latency, backpressure=backpressure, sim=sim)
+    if timeline and hbm_kind == "axi" and sim == "verilator" and \
+            config.pe_rows * config.pe_cols >= runner.HIERARCHICAL_PES:
+        # That build makes only the top's ports public (sim/runner.py, PUBLIC_SIGNALS).
+        raise ValueError(f"timeline: the hierarchical Verilator build of a "
+                         f"{config.pe_rows}x{config.pe_cols} core with the axi HBM shows "
+                         "its ports only; use the fast HBM or Icarus for a timeline")
     with tempfile.TemporaryDirectory(prefix="opentrn-core-") as folder:
         folder = Path(folder)
         specs = []
@@ -102,13 +114,15 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
                           "watchdog": watchdog or watchdog_cycles(
                               config, hbm, programs, latency=latency,
                               backpressure=backpressure),
+                          "timeline": str(folder / f"timeline{index}.json") if timeline
+                          else None,
                           **(options[0] if options else {})})
         top = "core_with_memory" if hbm_kind == "fast" else "core"
         result = runner.run(config, "opentrn.sim.tb_core", top, sim, env={
             "OPENTRN_JOBS": json.dumps(specs), "OPENTRN_HBM": hbm_kind,
             "OPENTRN_LATENCY": ",".join(str(int(x)) for x in latency),
             "OPENTRN_BACKPRESSURE": backpressure, "OPENTRN_SEED": seed,
-        }, vcd=vcd, progress=progress)
+        }, vcd=vcd, scope=scope, progress=progress)
         records = [r for r in result.reports if r.get("test") == "job"]
         if not result.passed or len(records) != len(jobs):
             error = CoreRunError(f"the core simulation ({hbm_kind} HBM) failed on {sim}: "
@@ -126,9 +140,15 @@ def run_images(config, jobs, *, sim=None, vcd=None, latency=(0, 0), backpressure
                 dma_error_code=record["dma_error_code"] if record["error"] else 0,
                 counters={name: int(value) for name, value in
                           zip(COUNTERS, saved["counters"], strict=True)},
-                hbm=saved["hbm"].copy(), sbuf=None, psum=None, retired={}, semaphores=[]))
+                hbm=saved["hbm"].copy(), sbuf=None, psum=None, retired={}, semaphores=[],
+                timeline=_timeline(spec["timeline"]) if timeline else None))
         return outcomes, result
 
+
+
+def _timeline(path):
+    with open(path) as f:
+        return Timeline.from_dict(json.load(f))
 
 
 def run_programs(programs, *, sim=None, **kwargs):

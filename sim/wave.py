@@ -1,7 +1,9 @@
-"""Read VCD waveforms from the terminal: the engine behind ``opentrn wave``.
+"""Read VCD and FST waveforms from the terminal: the engine behind ``opentrn wave``.
 
 Built on :mod:`vcdvcd`, so it reads the VCDs written by Icarus, Verilator (under
-cocotb) and Amaranth's own simulator.
+cocotb) and Amaranth's own simulator; a file named ``*.fst`` is read as FST (Icarus
+writes one for ``--waves FILE.fst``) with :mod:`pywellen`, with the same names, cycles
+and values as the VCD of the same run.
 
 Signal names are full hierarchical names joined with ``.``, in declaration order
 (``tb.tensor_engine.U$0.clk``). A trailing bit range such as ``[7:0]``, which
@@ -27,7 +29,8 @@ with no reset reads 1 in cycle 0.
 A VCD is checked before vcdvcd reads it (vcdvcd skips what it does not expect): a
 declaration not closed by ``$end``, a file that ends before ``$enddefinitions``, an unknown
 section, a malformed ``$var`` or time, a value change of an identifier no ``$var``
-declares: each is refused with its line number.
+declares: each is refused with its line number. An FST that pywellen cannot read (cut
+short, corrupt, not an FST) is refused with pywellen's reason.
 
 Values are unsigned ints by default and two's-complement ints with ``signed``.
 If any bit is ``x`` or ``z`` the value is ``None`` (``x`` in the table, ``null``
@@ -38,8 +41,10 @@ in JSON). ``real`` variables decode to floats. vcdvcd drops the values of
 
 import argparse
 import bisect
+import gzip
 import json
 import re
+import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -166,6 +171,8 @@ def _open_vcd(path, **kwargs) -> VCDVCD:
 
 
 def _header(path) -> list[_Var]:
+    if _is_fst(path):
+        return _fst_header(path)
     # only_sigs stops at $enddefinitions, so this is cheap even for huge dumps.
     vcd = _open_vcd(path, only_sigs=True)
     seen: set[str] = set()
@@ -189,6 +196,195 @@ def _header(path) -> list[_Var]:
             width = 0
         out.append(_Var(name, ref, width, sig.var_type))
     return out
+
+
+def _changes(path, refs) -> dict[str, list[tuple[int, str]]]:
+    """``{ref: [(time, raw value)]}`` of the variables ``refs`` (``_Var.ref``), each raw
+    value a VCD value without its type letter (``1010``, ``x``, ``1.5``)."""
+    if _is_fst(path):
+        return _fst_changes(path, refs)
+    vcd = _open_vcd(path, signals=refs)
+    return {ref: vcd[ref].tv for ref in refs}
+
+
+# -- FST, through pywellen ----------------------------------------------------------------------
+
+def _is_fst(path) -> bool:
+    return str(path).lower().endswith(".fst")
+
+
+def _pywellen_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is pywellen refusing a file: a ``RuntimeError``, or a Rust panic
+    (``pyo3_runtime.PanicException``, a ``BaseException`` like ``KeyboardInterrupt``)."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def _reason(exc: BaseException) -> str:
+    """pywellen's message, on one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _open_fst(path):
+    import pywellen
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1)
+    except OSError as exc:
+        raise WaveError(f"file {path!r}: {exc.strerror or exc}") from None
+    # An FST starts with its header block (type 0); pywellen panics on some other files.
+    if head != b"\x00":
+        raise WaveError(f"file {path!r}: not an FST file (it does not start with an FST "
+                        "header block)")
+    try:
+        waveform = pywellen.Waveform(path)
+    except BaseException as exc:
+        if not _pywellen_failed(exc):
+            raise
+        raise WaveError(f"file {path!r}: not a readable FST file ({_reason(exc)})") from None
+    if waveform.file_format != "FST":
+        raise WaveError(f"file {path!r}: not an FST file (pywellen reads it as "
+                        f"{waveform.file_format}); a VCD must be named *.vcd")
+    return waveform
+
+
+def _fst_variables(waveform) -> list[tuple[str, object]]:
+    """``[(name, pywellen Var)]`` in pywellen's order, each named as in a VCD: scope names
+    joined by ``.``, an escaped name with an index (``\\a[0]``) whole (pywellen makes
+    ``\\a`` an array scope of its own, holding ``[0]``)."""
+    found = [(var.name, var) for var in waveform.vars()]
+
+    def walk(scope, prefix):
+        name = prefix + scope.name + ("" if scope.scope_type == "vhdl_array" else ".")
+        found.extend((name + var.name, var) for var in scope.vars())
+        for child in scope.scopes():
+            walk(child, name)
+
+    for scope in waveform.scopes():
+        walk(scope, "")
+    return found
+
+
+#: FST block types (fstapi.h): the hierarchy, gzip-compressed, and its tags.
+_FST_HIERARCHY = 4
+_FST_ATTRIBUTE_BEGIN, _FST_ATTRIBUTE_END, _FST_SCOPE, _FST_UPSCOPE = 252, 253, 254, 255
+
+
+def _fst_declaration_order(path) -> dict[str, int] | None:
+    """``{name: position}`` of the variables in the order the FST declares them, named as
+    :func:`_header` names a VCD's: the order a VCD of the same run lists them, which
+    pywellen's hierarchy does not keep (it lists ``\\a[0]``, in an array scope, after
+    the module's other variables). ``None`` when the hierarchy block is not the gzip one
+    that Icarus writes, or cannot be read: the order is then pywellen's."""
+    try:
+        with open(path, "rb") as f:
+            while header := f.read(9):
+                kind, length = header[0], struct.unpack(">Q", header[1:])[0]
+                if kind == _FST_HIERARCHY:
+                    data = gzip.decompress(f.read(length - 8)[8:])
+                    break
+                f.seek(length - 8, 1)
+            else:
+                return None
+        return _parse_fst_hierarchy(data)
+    except (OSError, EOFError, ValueError, IndexError, struct.error, gzip.BadGzipFile):
+        return None
+
+
+def _parse_fst_hierarchy(data: bytes) -> dict[str, int]:
+    position = 0
+
+    def byte():
+        nonlocal position
+        position += 1
+        return data[position - 1]
+
+    def text():
+        nonlocal position
+        end = data.index(b"\0", position)
+        value, position = data[position:end].decode(errors="replace"), end + 1
+        return value
+
+    def varint():
+        value = shift = 0
+        while True:
+            part = byte()
+            value |= (part & 0x7F) << shift
+            shift += 7
+            if part < 0x80:
+                return value
+
+    scopes, order = [], {}
+    while position < len(data):
+        tag = byte()
+        if tag == _FST_SCOPE:
+            byte()
+            scopes.append(text())
+            text()                                   # the component (module) name
+        elif tag == _FST_UPSCOPE:
+            scopes.pop()
+        elif tag == _FST_ATTRIBUTE_BEGIN:
+            byte(), byte(), text(), varint()
+        elif tag == _FST_ATTRIBUTE_END:
+            pass
+        else:                                        # a variable: its tag is its type
+            byte()
+            name = text()
+            varint(), varint()                       # its length and alias
+            # As vcdvcd joins `q [7:0]` and _header then drops the range.
+            full = ".".join([*scopes, name.replace(" ", "")])
+            for key in (full, _RANGE.sub("", full)):
+                order.setdefault(key, len(order))
+    return order
+
+
+def _fst_header(path) -> list[_Var]:
+    waveform = _open_fst(path)
+    variables = _fst_variables(waveform)
+    order = _fst_declaration_order(path)
+    if order:
+        variables.sort(key=lambda item: order.get(item[0], len(order)))
+    out, seen = [], set()
+    for name, var in variables:
+        if name in seen:                             # as vcdvcd keeps a name declared twice once
+            continue
+        seen.add(name)
+        kind = "real" if var.is_real else "string" if var.is_string else var.var_type.lower()
+        # pywellen gives a real no width; Icarus declares it 1 bit wide in a VCD.
+        out.append(_Var(name, name, var.bitwidth or 1, kind))
+    if not out:
+        raise WaveError(f"file {str(path)!r}: an FST file with no variables")
+    return out
+
+
+def _raw(value) -> str:
+    """A pywellen value as a VCD raw value: ints in binary, floats, bit strings with x/z."""
+    if isinstance(value, int):
+        return format(value, "b")
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _fst_changes(path, refs) -> dict[str, list[tuple[int, str]]]:
+    waveform = _open_fst(path)
+    variables = {}
+    for name, var in _fst_variables(waveform):
+        variables.setdefault(name, var)
+    changes = {}
+    for ref in refs:
+        var = variables[ref]
+        if var.is_string:
+            changes[ref] = []                        # x throughout, as vcdvcd reads strings
+            continue
+        try:
+            changes[ref] = [(time, _raw(value)) for time, value in var.signal]
+        except BaseException as exc:
+            if not _pywellen_failed(exc):
+                raise
+            raise WaveError(f"file {str(path)!r}: the values of {ref} cannot be read "
+                            f"({_reason(exc)})") from None
+    return changes
 
 
 def _compile(option: str, pattern: str) -> re.Pattern:
@@ -301,9 +497,9 @@ def _cycle_table(path, patterns, start, stop, clock, signed) -> tuple[dict, list
 
     # Second pass loads value changes of the needed variables only.
     wanted = list(dict.fromkeys([clk.ref, *(v.ref for v in chosen)]))
-    vcd = _open_vcd(path, signals=wanted)
+    changes = _changes(path, wanted)
 
-    edges = _rising_edges(vcd[clk.ref].tv)
+    edges = _rising_edges(changes[clk.ref])
     if not edges:
         raise WaveError(f"--clock: clock {clk.name!r} has no rising edges in the dump")
     last = len(edges) - 1
@@ -314,7 +510,7 @@ def _cycle_table(path, patterns, start, stop, clock, signed) -> tuple[dict, list
 
     columns = []
     for v in chosen:
-        tv = vcd[v.ref].tv
+        tv = changes[v.ref]
         times = [t for t, _ in tv]
         raws = []
         for c in range(first, final + 1):
@@ -359,7 +555,8 @@ def _table(header: list[str], rows: list[list[str]], left: int = 0) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``opentrn wave``'s arguments to ``parser``."""
-    parser.add_argument("file", help="VCD file (Icarus, Verilator or Amaranth)")
+    parser.add_argument("file", help="VCD file (Icarus, Verilator or Amaranth), or FST file "
+                        "(named *.fst)")
     parser.add_argument(
         "--list",
         action="store_true",
@@ -391,9 +588,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hex", action="store_true", help="show values in hex (table only; JSON keeps numbers)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--gtkw", nargs="?", const="", metavar="OUT.gtkw",
+        help="write a GTKWave save file that opens FILE on the signals that explain a run, "
+        "grouped per engine, with markers at the start and the interrupt (default: beside "
+        "FILE, its suffix replaced by .gtkw)",
+    )
 
 
 def _run(args: argparse.Namespace) -> str:
+    if getattr(args, "gtkw", None) is not None:
+        from . import gtkw
+        return gtkw.run(args)
     signals = list(getattr(args, "signals", None) or [])
     if args.list:
         variables = _header(args.file)

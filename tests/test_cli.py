@@ -193,6 +193,9 @@ def test_demo_json_and_waves(sim, dtype, tmp_path):
     assert report["prediction_exact"] is True and report["predicted"]["cycles"] == \
         report["cycles"]
     assert report["vcd"] == str(vcd) and vcd.exists()
+    # The GTKWave save file beside it (tests/test_gtkw.py checks its contents).
+    gtkw = vcd.with_suffix(".gtkw")
+    assert report["gtkw"] == str(gtkw) and f'[dumpfile] "{vcd}"' in gtkw.read_text()
     # Progress went to stderr, the report alone to stdout.
     assert "simulating" in completed.stderr
 

@@ -102,6 +102,17 @@ def test_the_comparison_names_each_difference():
     (problem,) = fuzz._compare(program, golden, dataclasses.replace(rtl, fault=Fault.DEADLOCK),
                                dict(counters))
     assert problem.startswith("RTL ended with DEADLOCK")
+    # A timeline that differs in one event, named by its first difference.
+    _, timeline = cycle_model.predict_timeline(program)
+    assert fuzz._compare(program, golden, dataclasses.replace(rtl, timeline=timeline),
+                         dict(counters), timeline) == []
+    late = dataclasses.replace(timeline, instructions=list(timeline.instructions))
+    first = late.instructions[3]
+    late.instructions[3] = dataclasses.replace(first, retired=first.retired + 1)
+    (problem,) = fuzz._compare(program, golden, dataclasses.replace(rtl, timeline=late),
+                               dict(counters), timeline)
+    assert problem == (f"timeline differs from the cycle model's: instructions[3]: RTL "
+                       f"{late.instructions[3]}, model {first}")
 
 
 def test_shrinking_keeps_only_the_operation_that_fails(monkeypatch):
@@ -142,13 +153,14 @@ def test_bad_options_are_refused_by_name(argv, message, capsys):
 @pytest.mark.sim
 @pytest.mark.parametrize("cfg, count", [(TINY, 250), (SMALL, 60)], ids=["tiny", "small"])
 def test_random_programs_match_on_the_rtl(cfg, count):
-    """A campaign on the RTL: no mismatch, every opcode with every format of the build,
+    """A campaign on the RTL: no mismatch (the engine timelines included), every opcode
+    with every format of the build,
     every DMA space pair and every semaphore pattern hit on tiny, every fault code on both
     (each fault's variants are drawn: the long campaigns of docs/performance.md hit them
     all)."""
     sim = runner.long_run_simulator()
     require_simulator(sim)
-    campaign = fuzz.run_campaign(cfg, range(count), illegal=0.3, sim=sim)
+    campaign = fuzz.run_campaign(cfg, range(count), illegal=0.3, sim=sim, timeline=True)
     assert [r for r in campaign.results if not r["passed"]] == []
     assert len(campaign.results) == count
     if cfg is TINY:

@@ -13,6 +13,7 @@ from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import same_bits
 from opentrn.sim import runner
 from opentrn.sim.core import HBMS, CoreRunError, choose_hbm, run_images, run_programs
+from opentrn.timeline import ENGINES
 
 from .conftest import float_inputs, require_simulator
 from .test_kernel import outside_the_tile_kernel
@@ -267,7 +268,7 @@ def test_core_runs_kernels_and_faults_like_the_golden_machine(sim):
     fault_jobs = _fault_jobs(TINY)
     images = [(program.hbm, program.programs) for _, program, _ in kernel_jobs]
     images += [(hbm, pointers) for _, hbm, pointers, _ in fault_jobs]
-    outcomes, result = run_images(TINY, images, sim=sim)
+    outcomes, result = run_images(TINY, images, sim=sim, timeline=True)
     golden = GoldenCore(TINY)
 
     for (label, program, expected), outcome in zip(kernel_jobs, outcomes[:len(kernel_jobs)],
@@ -286,8 +287,14 @@ def test_core_runs_kernels_and_faults_like_the_golden_machine(sim):
         assert 0 < counters["tensor_busy"] <= counters["cycles"], label
         assert 0 < counters["activation_busy"] <= counters["cycles"], label
         assert 0 < counters["dma_busy"] <= counters["cycles"], label
-        # The cycle model predicts every counter (docs/performance.md, "The cycle model").
-        assert cycle_model.predict(program) == counters, label
+        # The cycle model predicts every counter (docs/performance.md, "The cycle model"),
+        # and its timeline is the RTL's, event for event: every instruction's hand-over and
+        # completion, every semaphore wait, busy cycle and HBM burst (docs/waves.md).
+        predicted, timeline = cycle_model.predict_timeline(program)
+        assert predicted == counters, label
+        assert timeline == outcome.timeline, label
+        assert {name: outcome.timeline.busy_cycles(name) for name in ENGINES} == \
+            {name: counters[f"{name}_busy"] for name in ENGINES}, label
 
     for (label, hbm, pointers, fault), outcome in zip(fault_jobs, outcomes[len(kernel_jobs):],
                                                       strict=True):
@@ -331,7 +338,8 @@ def test_fast_and_axi_hbm_give_the_same_cycles_and_results(latency):
     require_simulator(sim)
     jobs = _kernel_jobs(TINY) + _float_kernel_jobs(TINY)[:3]
     programs = [program for _, program, _ in jobs]
-    runs = {hbm: run_programs(programs, sim=sim, hbm=hbm, latency=(latency, latency))
+    runs = {hbm: run_programs(programs, sim=sim, hbm=hbm, latency=(latency, latency),
+                              timeline=True)
             for hbm in HBMS}
     assert {hbm: {r["hbm"] for r in result.reports if r.get("test") == "job"}
             for hbm, (_, result) in runs.items()} == {hbm: {hbm} for hbm in HBMS}
@@ -339,8 +347,9 @@ def test_fast_and_axi_hbm_give_the_same_cycles_and_results(latency):
         fast, axi = (runs[hbm][0][index] for hbm in ("fast", "axi"))
         assert fast.fault == axi.fault == Fault.NONE, label
         assert np.array_equal(fast.hbm, axi.hbm), label
-        assert fast.counters == axi.counters == \
-            cycle_model.predict(program, latency=latency), label
+        predicted, timeline = cycle_model.predict_timeline(program, latency=latency)
+        assert fast.counters == axi.counters == predicted, label
+        assert fast.timeline == axi.timeline == timeline, label
 
 
 def test_the_fast_hbm_is_chosen_where_it_can_serve():

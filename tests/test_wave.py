@@ -1,13 +1,16 @@
-"""Tests for opentrn.sim.wave, the VCD reader behind `opentrn wave`.
+"""Tests for opentrn.sim.wave, the VCD and FST reader behind `opentrn wave`, and for the
+waves the simulator runner writes: FST on Icarus, and waves cut to some scopes.
 
 Expected values come from the simulator, not from the tool: the Amaranth testbench records
 what the design holds after each clock edge, and the Icarus dump below is checked against
-values read off its text by hand.
+values read off its text by hand. The scopes and variables a cut dump must hold are read
+off the text of the whole dump of the same run.
 """
 
 import argparse
 import json
 import re
+import subprocess
 
 import pytest
 from amaranth import Module, signed
@@ -15,7 +18,11 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 from amaranth.sim import Simulator
 
-from opentrn.sim import wave
+from opentrn import config
+from opentrn.cli import main
+from opentrn.sim import runner, wave
+
+from .conftest import require_simulator
 
 PERIOD = 1e-6
 TICKS = 8
@@ -488,3 +495,280 @@ def test_any_cut_or_corruption_of_a_vcd_is_read_or_refused(tmp_path):
                 pass
 
     check()
+
+
+# FST: Icarus writes one for a file named *.fst, and it reads as the VCD of the same run.
+
+# A small design with what the readers could tell apart: a value that starts x, a real, an
+# escaped instance name, an escaped name with an index (pywellen makes `\a` a scope of its
+# own, holding `[0]`), declared between plain ones, and the same net under two scopes.
+SMALL_DESIGN = r"""
+module sub(input clk, input [7:0] d, output reg [7:0] q);
+  always @(posedge clk) q <= d;
+endmodule
+module tb;
+  reg clk = 0;
+  reg [7:0] cnt;
+  wire [3:0] \a[0] ;
+  wire [7:0] q;
+  real r = 1.5;
+  assign \a[0] = cnt[3:0];
+  sub \U$0 (.clk(clk), .d(cnt), .q(q));
+  always #5 clk = ~clk;
+  initial begin
+    #7 cnt = 8'hf0;  // between clock edges: no race with the registers
+    #10 cnt = cnt + 1; r = -2.25;
+    #10 cnt = 8'h0f;
+    #20 $finish;
+  end
+endmodule
+module dump;  // a root of its own, so that its file name is not in the dump
+  reg [8*256-1:0] path;
+  initial if ($value$plusargs("dump=%s", path)) begin $dumpfile(path); $dumpvars(0, tb); end
+endmodule
+"""
+
+
+@pytest.mark.sim
+def test_icarus_fst_of_a_small_design_reads_as_its_vcd(tmp_path, capsys):
+    require_simulator("icarus")
+    (tmp_path / "tb.v").write_text(SMALL_DESIGN)
+    subprocess.run(["iverilog", "-g2005", "-o", "tb.vvp", "tb.v"], cwd=tmp_path, check=True)
+    vcd, fst = tmp_path / "waves.vcd", tmp_path / "waves.fst"
+    for path, flags in ((vcd, []), (fst, ["-fst"])):
+        subprocess.run(["vvp", "-n", "tb.vvp", *flags, f"+dump={path}"], cwd=tmp_path,
+                       check=True, capture_output=True)
+    assert vcd.read_bytes().startswith(b"$date") and fst.read_bytes()[:1] == b"\x00"
+    expected = [("tb.clk", 1), ("tb.cnt", 8), ("tb.\\a[0]", 4), ("tb.q", 8), ("tb.r", 1),
+                ("tb.U$0.clk", 1), ("tb.U$0.d", 8), ("tb.U$0.q", 8)]
+    assert sorted(wave.list_signals(vcd)) == sorted(expected)
+    assert wave.list_signals(fst) == wave.list_signals(vcd)
+    table = wave.cycle_table(fst, ["."], signed=True)
+    assert table == wave.cycle_table(vcd, ["."], signed=True)
+    # Edges at 5, 15, ... 45; cnt is x in cycle 0, then 0xf0, 0xf1, then 0x0f.
+    assert [row["time"] for row in table["rows"]] == [5, 15, 25, 35, 45]
+    assert [row["values"]["tb.cnt"] for row in table["rows"]] == [-16, -15, 15, 15, 15]
+    assert [row["values"]["tb.U$0.q"] for row in table["rows"]] == [None, -16, -15, 15, 15]
+    assert [row["values"]["tb.\\a[0]"] for row in table["rows"]] == [0, 1, -1, -1, -1]
+    assert [row["values"]["tb.r"] for row in table["rows"]] == [1.5, -2.25, -2.25, -2.25,
+                                                                 -2.25]
+    for argv in (["--list"], ["--list", "--json"], ["--signal", "q$", "--signal", "a",
+                                                    "--hex"],
+                 ["--signal", ".", "--json", "--from", "1", "--to", "3"]):
+        outputs = [_run(capsys, path, *argv) for path in (vcd, fst)]
+        assert outputs[0] == outputs[1] and outputs[0][0] == 0
+
+
+def _engine_run(sim, path, scope=None):
+    """The tiny tensor engine's short ``test_extremes`` (about 130 cycles) on ``sim``, its
+    waves to ``path``."""
+    result = runner.run(config.preset("tiny"), "opentrn.sim.tb_tensor_engine",
+                        "tensor_engine", sim, testcase="test_extremes",
+                        env={"OPENTRN_SEED": 11}, vcd=path, scope=scope)
+    assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
+    assert result.vcd == path
+    return result
+
+
+@pytest.fixture(scope="module")
+def engine_vcd(tmp_path_factory):
+    """The whole dump of :func:`_engine_run` on Icarus."""
+    require_simulator("icarus")
+    path = tmp_path_factory.mktemp("engine") / "whole.vcd"
+    _engine_run("icarus", path)
+    return path
+
+
+@pytest.mark.sim
+def test_icarus_fst_of_a_run_reads_as_its_vcd(engine_vcd, tmp_path, capsys):
+    fst = tmp_path / "engine.fst"
+    _engine_run("icarus", fst)
+    assert fst.read_bytes()[:1] == b"\x00"
+    signals = wave.list_signals(engine_vcd)
+    assert len(signals) > 1000 and wave.list_signals(fst) == signals
+    for patterns in ([r"^[^.]+\.result__(valid|ready)$"], ["scale_a", r"\.clk$"], ["."]):
+        assert wave.cycle_table(fst, patterns) == wave.cycle_table(engine_vcd, patterns)
+    for argv in (["--signal", "result__", "--hex"], ["--signal", "payload", "--json"],
+                 ["--list", "--signal", "deskew_1"]):
+        outputs = [_run(capsys, path, *argv) for path in (engine_vcd, fst)]
+        assert outputs[0] == outputs[1] and outputs[0][0] == 0
+
+
+# Scopes: only the matching module instances, and the top level, are dumped.
+
+def _declared(path):
+    """``{scope: {variable}}`` of a VCD, read off its text: a scope is its dotted path from
+    the root, a variable its name with its range (``q [7:0]``)."""
+    declared, scopes = {}, []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if parts[:1] == ["$scope"]:
+                scopes.append(parts[2])
+            elif parts[:1] == ["$upscope"]:
+                scopes.pop()
+            elif parts[:1] == ["$var"]:
+                declared.setdefault(".".join(scopes), set()).add(" ".join(parts[4:-1]))
+            elif parts[:1] == ["$enddefinitions"]:
+                return declared
+    raise AssertionError(f"{path}: no $enddefinitions")
+
+
+def _cut(declared, scope):
+    """What a dump cut to ``scope`` holds of the whole dump ``declared``: the roots' own
+    variables and those of the scopes whose path below the root the regex matches."""
+    return {path: names for path, names in declared.items()
+            if "." not in path or re.search(scope, path.split(".", 1)[1])}
+
+
+# A block of the array shared by many instances (its PEs' multipliers, 16 of them), a PE deep
+# in the array's shared sub-blocks, and two of the top's own submodules.
+SCOPES = [r"multiplier$", r"upper\.lower\.right\.left$", r"deskew_[02]$"]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("scope", SCOPES)
+def test_icarus_dumps_only_the_matching_scopes(engine_vcd, tmp_path, scope):
+    whole = _declared(engine_vcd)
+    # The build's scopes are the instances of the whole dump.
+    build_dir = runner.build(config.preset("tiny"), "tensor_engine", "icarus")
+    assert sorted(runner.scopes(build_dir)) == sorted(
+        path.split(".", 1)[1] for path in whole if "." in path)
+    cut = tmp_path / "cut.vcd"
+    _engine_run("icarus", cut, scope)
+    declared = _declared(cut)
+    expected = _cut(whole, scope)
+    assert declared == expected
+    assert 1 < len(expected) < len(whole)
+    assert {name for name, _ in wave.list_signals(cut)} < {
+        name for name, _ in wave.list_signals(engine_vcd)}
+    # The top's ports are in, with the same values as in the whole dump.
+    patterns = [r"^tensor_engine\.(clk|result__valid)$"]
+    assert wave.cycle_table(cut, patterns) == wave.cycle_table(engine_vcd, patterns)
+
+
+@pytest.mark.sim
+def test_verilator_waves_are_filtered_to_the_matching_scopes(tmp_path):
+    require_simulator("verilator")
+    scope = "|".join(SCOPES)
+    whole, cut = tmp_path / "whole.vcd", tmp_path / "cut.vcd"
+    _engine_run("verilator", whole)
+    _engine_run("verilator", cut, scope)
+    declared = _declared(cut)
+    # $rootio (the ports) and the top are the roots; the temporary whole dump is gone.
+    assert declared == _cut(_declared(whole), scope)
+    assert {"$rootio", "tensor_engine", "tensor_engine.deskew_0"} <= set(declared)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cut.vcd", "whole.vcd"]
+    patterns = [r"^tensor_engine\.(clk|result__valid)$", r"deskew_2\."]
+    assert wave.cycle_table(cut, patterns) == wave.cycle_table(whole, patterns)
+    with pytest.raises(runner.WavesError, match=r"vcd='\S+\.fst': Verilator writes VCD"):
+        _engine_run("verilator", tmp_path / "waves.fst")
+
+
+# A VCD as Verilator writes one: $rootio, then the top; `"` is one net under three scopes.
+VERILATOR_VCD = """\
+$version Generated by VerilatedVcd $end
+$timescale 1ps $end
+ $scope module $rootio $end
+  $var wire 1 " clk $end
+ $upscope $end
+ $scope module top $end
+  $var wire 1 " clk $end
+  $var wire 8 # count [7:0] $end
+  $scope module left $end
+   $var wire 1 " clk $end
+   $var wire 4 $ q [3:0] $end
+   $scope module leaf $end
+    $var wire 1 % bit $end
+   $upscope $end
+  $upscope $end
+  $scope module right $end
+   $scope module leaf $end
+    $var wire 2 & pair [1:0] $end
+   $upscope $end
+  $upscope $end
+ $upscope $end
+$enddefinitions $end
+
+
+#0
+0"
+b00000000 #
+b0000 $
+0%
+b00 &
+#5
+1"
+b00000001 #
+1%
+#10
+0"
+b0001 $
+b11 &
+"""
+
+
+@pytest.mark.parametrize(("scope", "kept"), [
+    # Only the inner leaf of `right`: `right` is opened for it, `left` not at all.
+    (r"right\.leaf", {'"', "#", "&"}),
+    # `left` itself, not its leaf.
+    (r"left$", {'"', "#", "$"}),
+    # Scopes are matched below the root: the root's name matches nothing.
+    (r"^top", {'"', "#"}),
+])
+def test_verilator_filter_keeps_the_top_level_and_the_matching_scopes(tmp_path, scope, kept):
+    source, target = tmp_path / "whole.vcd", tmp_path / "cut.vcd"
+    source.write_text(VERILATOR_VCD)
+    runner._filter_vcd(source, target, re.compile(scope))
+    head, values = target.read_text().split("$enddefinitions $end\n")
+    assert _declared(target) == _cut(_declared(source), scope)
+    # Every scope written holds a kept variable, or a scope that does.
+    assert ("scope module left" in head) == ("$" in kept)
+    assert head.count("$scope") == head.count("$upscope")
+
+    def ident(line):
+        return line.split()[-1] if line[0] == "b" else line[1:]
+
+    changes = [line for line in values.splitlines() if line[:1] in ("0", "1", "b")]
+    assert {ident(line) for line in changes} == kept
+    # The times and blank lines stay; of the value changes, those of kept variables, in order.
+    whole = VERILATOR_VCD.split("$enddefinitions $end\n")[1].splitlines()
+    assert values.splitlines() == [line for line in whole
+                                   if line[:1] in ("", "#") or ident(line) in kept]
+
+
+@pytest.mark.sim
+def test_scope_errors_name_the_field_the_value_and_the_rule(tmp_path):
+    require_simulator("icarus")
+    waves = tmp_path / "w.vcd"
+    with pytest.raises(runner.WavesError,
+                       match=r"^scope='deskew\(\[': not a valid regex .* dotted path"):
+        _engine_run("icarus", waves, "deskew([")
+    with pytest.raises(runner.WavesError) as error:
+        _engine_run("icarus", waves, "sequencer")
+    message = str(error.value)
+    assert message.startswith("scope='sequencer': matches none of the 71 scopes of "
+                              "tensor_engine")
+    # A few scopes, the shallowest first.
+    assert "array, deskew_0, deskew_1" in message and message.endswith(", ...")
+    assert not waves.exists()
+    with pytest.raises(runner.WavesError, match="^scope='array': .* give vcd="):
+        runner.run(config.preset("tiny"), "opentrn.sim.tb_tensor_engine", scope="array")
+
+
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["--waves-scope", "core"], ["--waves-scope='core'", "give --waves FILE"]),
+    (["--waves", "{tmp}/w.vcd", "--waves-scope", "core("],
+     ["--waves-scope='core('", "not a valid regex", "dotted path"]),
+    (["--waves", "{tmp}/w.fst", "--sim", "verilator"],
+     ["--waves={tmp}/w.fst", "Verilator writes VCD waves only"]),
+])
+def test_cli_waves_errors(tmp_path, capsys, argv, needles):
+    if "--waves" in argv:
+        require_simulator("verilator" if "verilator" in argv else "icarus")
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    assert main(["demo", "--preset", "tiny", "--sim", "icarus", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("opentrn demo: error: ")
+    for needle in needles:
+        assert needle.replace("{tmp}", str(tmp_path)) in err

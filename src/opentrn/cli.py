@@ -196,19 +196,44 @@ def _run_kernel(args):
     from opentrn.isa import Fault
     from opentrn.kernel import mismatches as count_mismatches
     from opentrn.sim.core import CoreRunError, run_programs
+    from opentrn.sim.runner import WavesError
     cfg = _config(args)
+    _output_file("--trace", args.trace)
+    _output_file("--timeline", args.timeline)
+    if args.waves_scope is not None and not args.waves:
+        raise ConfigError(f"--waves-scope={args.waves_scope!r}: selects what the waves hold; "
+                          "give --waves FILE too")
+    if args.model:
+        return _model_kernel(args, cfg)
     sim = _core_simulator(args, cfg)
     _output_file("--waves", args.waves)
+    _check_waves(sim, args.waves, args.waves_scope)
+    if (args.trace or args.timeline) and args.hbm == "axi" and sim == "verilator":
+        from opentrn.sim.runner import HIERARCHICAL_PES
+        if cfg.pe_rows * cfg.pe_cols >= HIERARCHICAL_PES:
+            raise ConfigError(f"--{'trace' if args.trace else 'timeline'}: the hierarchical "
+                              f"Verilator build of a {cfg.pe_rows}x{cfg.pe_cols} core with "
+                              "--hbm axi shows its ports only; use the fast HBM or Icarus")
     progress = _Progress()
     label, program, expected = _build_kernel(args, cfg)
     progress(f"built {label}: {sum(program.instruction_counts.values())} instructions")
     reference = GoldenCore(cfg).run(program.hbm, program.programs)
     try:
         (outcome,), result = run_programs([program], sim=sim, vcd=args.waves,
-                                          hbm=args.hbm, progress=progress)
+                                          scope=args.waves_scope,
+                                          hbm=args.hbm, progress=progress,
+                                          timeline=bool(args.trace or args.timeline))
     except CoreRunError as exc:
         print(f"opentrn {args.command}: FAIL: {exc}", file=sys.stderr)
+        # The waves of a failed run are the ones to look at.
+        if args.waves and Path(args.waves).is_file():
+            gtkw, why = _write_gtkw(args.waves, progress)
+            print(f"opentrn {args.command}: GTKWave save file: {gtkw or f'(none: {why})'}",
+                  file=sys.stderr)
         return 1
+    except WavesError as exc:       # a scope that matches none of the design's
+        raise _waves_error(exc) from None
+    gtkw, gtkw_error = _write_gtkw(result.vcd, progress) if result.vcd else (None, None)
     progress("done")
     outputs = program.read_outputs(outcome.hbm)
     mismatches = sum(count_mismatches(outputs[name], value) for name, value in expected.items())
@@ -246,7 +271,10 @@ def _run_kernel(args):
         "sim_seconds": round(result.seconds, 3),
         "cycles_per_second": round(cycles / record["wall_seconds"]) if cycles else None,
         "vcd": str(result.vcd) if result.vcd else None,
+        "gtkw": gtkw,
+        "gtkw_error": gtkw_error,
         "log": str(result.log),
+        **_write_timeline(args, cfg, outcome.timeline, label, f"the RTL ({sim})"),
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -281,9 +309,98 @@ def _run_kernel(args):
                 f"differs in {', '.join(differ)}")))
         rows += [("DMA bytes", counters["dma_bytes"]),
                  ("waves", report["vcd"] or "(none: --waves FILE.vcd)"),
+                 ("GTKWave", gtkw or (f"(none: {gtkw_error})" if gtkw_error else
+                                      "(none: --waves FILE.vcd writes FILE.gtkw too)")),
+                 *_timeline_rows(report),
                  ("result", verdict)]
         print(key_value_table(rows))
     return 0 if report["passed"] else 1
+
+
+def _write_gtkw(waves, progress):
+    """The GTKWave save file beside the waves of a run (:mod:`opentrn.sim.gtkw`): its path
+    and ``None``, or ``None`` and why there is none (a dump cut to scopes that hold none of
+    the signals it shows)."""
+    from opentrn.sim import gtkw
+    from opentrn.sim.wave import WaveError
+    progress(f"writing the GTKWave save file of {waves}")
+    try:
+        _, out = gtkw.make(waves)
+    except WaveError as exc:
+        return None, str(exc)
+    return str(out), None
+
+
+def _write_timeline(args, cfg, timeline_, label, source):
+    """Write ``--trace`` and ``--timeline`` of a run of kernel ``label`` on ``source`` (the
+    RTL or the cycle model: the trace's events are the same); their report entries."""
+    from opentrn import timeline
+    written = {"trace": None, "timeline": None}
+    if args.trace:
+        timeline.write_trace(timeline_, args.trace, clock_hz=cfg.clock_hz, label=label,
+                             source=source)
+        written["trace"] = str(args.trace)
+    if args.timeline:
+        timeline.render(timeline_, args.timeline, title=f"{label} on {source}")
+        written["timeline"] = str(args.timeline)
+    return written
+
+
+def _timeline_rows(report):
+    return [("trace", report["trace"] or "(none: --trace FILE.json, for ui.perfetto.dev)"),
+            ("timeline", report["timeline"] or "(none: --timeline FILE.png)")]
+
+
+def _model_kernel(args, cfg):
+    """``--model``: the kernel on the cycle model alone (no simulation, no data): its
+    counters and timeline, for kernels too large to simulate."""
+    from opentrn import cycle_model
+    if args.waves:
+        raise ConfigError("--waves: the cycle model has no waves; drop --model for them")
+    progress = _Progress()
+    label, program, _ = _build_kernel(args, cfg)
+    progress(f"built {label}: {sum(program.instruction_counts.values())} instructions; "
+             "running the cycle model")
+    counters, timeline_ = cycle_model.predict_timeline(program)
+    progress("done")
+    cycles = counters["cycles"]
+    report = {
+        "kernel": label, "preset": _preset_label(args), "model": "cycle model",
+        "array": f"{cfg.pe_rows}x{cfg.pe_cols}", "dtype": args.dtype,
+        "counters": counters,
+        "utilization": counters["macs"] / (cycles * cfg.peak_macs_per_cycle),
+        **_write_timeline(args, cfg, timeline_, label, "the cycle model"),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    rows = [("kernel", label),
+            ("preset", f"{report['preset']} ({report['array']} {report['dtype']})"),
+            ("run on", "the cycle model (the RTL's counters, cycle for cycle; no data)"),
+            ("cycles", cycles),
+            ("utilization", f"{100 * report['utilization']:.1f}% of the MAC peak")]
+    rows += [(f"{engine} busy", f"{counters[f'{engine}_busy']} cycles "
+                                f"({100 * counters[f'{engine}_busy'] / cycles:.1f}%)")
+             for engine in ("dma", "tensor", "activation")]
+    rows += _timeline_rows(report)
+    print(key_value_table(rows))
+    return 0
+
+
+def _check_waves(sim, waves, scope):
+    """``--waves`` and ``--waves-scope`` that ``sim`` can serve, before any work."""
+    from opentrn.sim.runner import WavesError, check_waves
+    try:
+        check_waves(sim, waves, scope)
+    except WavesError as exc:
+        raise _waves_error(exc) from None
+
+
+def _waves_error(exc):
+    """A simulator runner's :class:`~opentrn.sim.runner.WavesError` in terms of the options."""
+    if exc.field == "scope":
+        return ConfigError(f"--waves-scope={exc.value!r}: {exc.rule}")
+    return ConfigError(f"--waves={exc.value}: {exc.rule}")
 
 
 def _cmd_run(args):
@@ -685,7 +802,8 @@ def _cmd_fuzz(args):
 
     campaign = fuzz.run_campaign(
         cfg, range(args.seeds, args.seeds + args.count), illegal=args.illegal,
-        jobs=args.jobs, sim=sim, ray_address=args.ray, progress=tell)
+        jobs=args.jobs, sim=sim, ray_address=args.ray, progress=tell,
+        timeline=args.timeline)
     if args.json:
         print(json.dumps({"summary": campaign.summary(), "results": campaign.results},
                          indent=1))
@@ -743,7 +861,15 @@ def _cmd_fpga(args):
 
 def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--sim", choices=sims, help=f"simulator (default: {default_sim})")
-    parser.add_argument("--waves", metavar="FILE.vcd", help="write a VCD waveform")
+    parser.add_argument("--waves", metavar="FILE.vcd",
+                        help="write a VCD waveform; an FST one when FILE ends in .fst "
+                        "(Icarus only)")
+    parser.add_argument("--waves-scope", metavar="REGEX",
+                        help="with --waves: dump only the scopes (module instances, named by "
+                        "their dotted path below the top, e.g. core.tensor_unit.engine) that "
+                        "REGEX matches (re.search), and the top level's own signals (clock, "
+                        "ports); Icarus dumps just those, Verilator traces everything to a "
+                        "temporary VCD and filters it")
     parser.add_argument("--hbm", choices=("fast", "axi"),
                         help="the HBM: fast, in hardware beside the core (no Python on the "
                         "clock), or axi, cocotbext-axi's RAM answering from Python; the same "
@@ -754,6 +880,15 @@ def _add_run_options(parser, *, sims, default_sim):
     parser.add_argument("--dtype", choices=DTYPES, default="int8",
                         help="input format of the kernel, one of the build's dtypes; the MX "
                         "formats take random E8M0 block scales (default: int8)")
+    parser.add_argument("--trace", metavar="FILE.json",
+                        help="write the engines' timeline as a Perfetto / Chrome trace "
+                        "(open it in ui.perfetto.dev)")
+    parser.add_argument("--timeline", metavar="FILE.png",
+                        help="draw the engines' timeline as a picture")
+    parser.add_argument("--model", action="store_true",
+                        help="run the cycle model instead of the RTL: the same counters and "
+                        "timeline, no simulation and no data (kernels too large to "
+                        "simulate)")
 
 
 def _add_gemm_options(parser, *, default):
@@ -833,6 +968,9 @@ def _parser():
                         "(pip install 'opentrn[ray]') instead of local processes")
     p.add_argument("--shrink", action="store_true",
                    help="with --count 1: shrink a failing program to the fewest operations")
+    p.add_argument("--timeline", action="store_true",
+                   help="also compare each legal program's engine timeline with the cycle "
+                   "model's, event for event (a slower simulation)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=_cmd_fuzz)
 
@@ -894,7 +1032,7 @@ def _parser():
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_fpga)
 
-    p = commands.add_parser("wave", help="list the signals of a VCD or print them per cycle")
+    p = commands.add_parser("wave", help="list the signals of a VCD or FST or print them per cycle")
     wave.add_arguments(p)
     p.set_defaults(func=_cmd_wave)
     return parser

@@ -6,7 +6,8 @@ its run on the golden machine, its run on the RTL (programs in batches, each bat
 simulation with the fast HBM), and for a legal program the cycle model's prediction. A
 legal program passes when the RTL ends without a fault, its HBM image equals the golden
 machine's bit for bit, its ``macs`` and ``dma_bytes`` equal the golden machine's, and every
-performance counter equals the cycle model's. A program with a fault passes when the golden
+performance counter equals the cycle model's (with ``timeline``, also its engine timeline,
+event for event: :mod:`opentrn.timeline`). A program with a fault passes when the golden
 machine ends with the injected code and the RTL with the same code, engine, address and DMA
 error code (docs/isa.md: for a program with one fault both report the same; what the
 engines did before it can differ, so the images are not compared).
@@ -27,6 +28,7 @@ import numpy as np
 from opentrn import cycle_model, numerics
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault
+from opentrn.timeline import Recorder
 
 from . import random_program
 
@@ -49,8 +51,9 @@ def fault_of_seed(seed, illegal):
     return faults[int(rng.integers(len(faults)))]
 
 
-def _compare(program, golden, rtl, predicted):
-    """The ways ``rtl`` differs from what it must be (an empty list: it passed)."""
+def _compare(program, golden, rtl, predicted, timeline=None):
+    """The ways ``rtl`` differs from what it must be (an empty list: it passed);
+    ``timeline``, the model's, is compared with the RTL's when the run recorded one."""
     problems = []
     expected = program.fault
     if golden.fault != expected:
@@ -79,42 +82,66 @@ def _compare(program, golden, rtl, predicted):
         wrong = {name: (rtl.counters[name], predicted.get(name)) for name in rtl.counters
                  if rtl.counters[name] != predicted.get(name)}
         problems.append(f"cycle model differs (RTL, model): {wrong}")
+    if timeline is not None and rtl.timeline != timeline:
+        problems.append("timeline differs from the cycle model's: "
+                        + _first_difference(rtl.timeline, timeline))
     return problems
 
 
-def check_batch(config, seeds, *, illegal=0.2, sim=None, operations=None, keeps=None):
+def _first_difference(rtl, model):
+    for name in ("cycles", "instructions", "waits", "busy", "bursts"):
+        ours, theirs = getattr(rtl, name), getattr(model, name)
+        if ours == theirs:
+            continue
+        if isinstance(ours, list):
+            for index, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+                if a != b:
+                    return f"{name}[{index}]: RTL {a}, model {b}"
+            return f"{name}: RTL {len(ours)}, model {len(theirs)}"
+        return f"{name}: RTL {ours}, model {theirs}"
+    return "none"
+
+
+def check_batch(config, seeds, *, illegal=0.2, sim=None, operations=None, keeps=None,
+                timeline=False):
     """Run the programs of ``seeds`` (one simulation) and compare them: a list of result
     dicts ``{seed, fault, variant, passed, problems, cycles, coverage}``. ``keeps`` (for
     shrinking: per seed, the operation indices to keep, or None for all) may repeat a seed
-    with different subsets."""
+    with different subsets. ``timeline``: also compare every legal program's timeline, event
+    for event, with the cycle model's (a per-cycle probe: a slower simulation)."""
     from opentrn.sim.core import CoreRunError, run_images
 
     keeps = [None] * len(seeds) if keeps is None else list(keeps)
     if len(keeps) != len(seeds):
         raise ValueError(f"keeps has {len(keeps)} entries for {len(seeds)} seeds")
     golden = GoldenCore(config)
-    programs, references, predictions = [], [], []
+    programs, references, predictions, timelines = [], [], [], []
     for seed, keep in zip(seeds, keeps, strict=True):
         program = random_program.generate(config, seed, fault=fault_of_seed(seed, illegal),
                                           operations=operations, keep=keep)
         programs.append(program)
         references.append(golden.run(program.hbm, program.programs))
-        predictions.append(cycle_model.simulate(config, program.hbm, program.programs)
+        recorder = Recorder() if timeline and program.fault == Fault.NONE else None
+        predictions.append(cycle_model.simulate(config, program.hbm, program.programs,
+                                                recorder=recorder)
                            if program.fault == Fault.NONE else None)
+        timelines.append(recorder.finish(predictions[-1]["cycles"]) if recorder else None)
     try:
         outcomes, _ = run_images(config, [(p.hbm, p.programs) for p in programs], sim=sim,
-                                 hbm="fast")
+                                 hbm="fast", timeline=timeline)
     except CoreRunError as exc:
         # One failed simulation fails every program of it: replay them one by one to know
         # which (a hang, a testbench error).
         if len(seeds) > 1:
             return [result for seed, keep in zip(seeds, keeps, strict=True)
                     for result in check_batch(config, [seed], illegal=illegal, sim=sim,
-                                              operations=operations, keeps=[keep])]
+                                              operations=operations, keeps=[keep],
+                                              timeline=timeline)]
         return [_result(programs[0], [f"simulation failed: {exc}"], None)]
-    return [_result(program, _compare(program, reference, outcome, predicted), outcome)
-            for program, reference, outcome, predicted in
-            zip(programs, references, outcomes, predictions, strict=True)]
+    return [_result(program, _compare(program, reference, outcome, predicted, expected),
+                    outcome)
+            for program, reference, outcome, predicted, expected in
+            zip(programs, references, outcomes, predictions, timelines, strict=True)]
 
 
 def _result(program, problems, outcome):
@@ -192,9 +219,9 @@ def _batches(seeds, size):
 
 
 def run_campaign(config, seeds, *, illegal=0.2, jobs=1, sim=None, ray_address=None,
-                 batch=BATCH, progress=None):
+                 batch=BATCH, progress=None, timeline=False):
     """Run every seed of ``seeds``; return a :class:`Campaign`. ``progress(done, total,
-    failures)`` hears after each batch."""
+    failures)`` hears after each batch; ``timeline``: :func:`check_batch`'s."""
     if len(seeds) > MAX_PROGRAMS:
         raise ValueError(f"{len(seeds):,} programs: a campaign runs at most "
                          f"{MAX_PROGRAMS:,} (its results stay in memory); run several")
@@ -215,16 +242,18 @@ def run_campaign(config, seeds, *, illegal=0.2, jobs=1, sim=None, ray_address=No
         check_ray_address(ray_address)
         ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
         remote = ray.remote(check_batch)
-        pending = [remote.remote(config, chunk, illegal=illegal, sim=sim) for chunk in batches]
+        pending = [remote.remote(config, chunk, illegal=illegal, sim=sim, timeline=timeline)
+                   for chunk in batches]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             collect(ray.get(ready[0]))
     elif jobs <= 1:
         for chunk in batches:
-            collect(check_batch(config, chunk, illegal=illegal, sim=sim))
+            collect(check_batch(config, chunk, illegal=illegal, sim=sim, timeline=timeline))
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(check_batch, config, chunk, illegal=illegal, sim=sim)
+            futures = [pool.submit(check_batch, config, chunk, illegal=illegal, sim=sim,
+                                   timeline=timeline)
                        for chunk in batches]
             for future in as_completed(futures):
                 collect(future.result())

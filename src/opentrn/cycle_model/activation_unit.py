@@ -1,0 +1,92 @@
+"""hdl/activation_unit.py: PSUM or SBUF reads, the engine's pipeline, SBUF writes."""
+
+
+
+from opentrn import numerics
+from opentrn.hdl.activation_engine import stages as activation_stages
+
+_OUT_BYTES = {code: numerics.format_of_code(code).bytes for code in range(8)}
+
+
+def activate_overhead(config):
+    """Cycles of an ACTIVATE beyond its vectors: hand-over to retire (docs/architecture.md:
+    ``n + 7 + activation_input_stages``), and the cycle the next one is handed over in."""
+    return 7 + config.activation_input_stages + 1
+
+
+class _ActivationUnitModel:
+    """The activation unit's state and rules, a part of :class:`~opentrn.cycle_model.core._Core`."""
+
+    def _init_activation(self, config):
+        self.act_state = "IDLE"
+        self.act_ins = None
+        self.act_reads_left = 0
+        self.act_in_flight = False
+        self.act_level = 0
+        self.act_in_index = 0
+        self.act_in_byte = 0
+        # The last flag of the vector in each stage.
+        self.act_pipe = [None] * activation_stages(config)
+        self.act_out_index = 0
+        self.act_out_address = 0
+        self.act_write_valid = False
+        self.act_write_last = False
+
+    def _act_commit(self, cycle, handed, sbuf_granted, psum_granted, take, result_take,
+                    advance, write_done):
+        width = self.config.vector_word_bytes     # the SBUF's vector word
+        ins = self.act_ins
+        state = self.act_state
+        streaming = state == "STREAM"
+        response = self.act_in_flight           # a read granted last cycle returns now
+        if state == "IDLE":
+            if handed is not None:
+                f = handed.fields
+                self.act_ins = handed
+                shift = width.bit_length() - 1
+                first_word = f["src_offset"] >> shift
+                end_word = (f["src_offset"] + f["n"] - 1) >> shift
+                self.act_reads_left = end_word - first_word + 1 if f["src"] else f["n"]
+                self.act_in_index = 0
+                self.act_in_byte = f["src_offset"] & (width - 1)
+                self.act_out_index = 0
+                self.act_out_address = f["dst_offset"]
+                self.act_state = "BIAS" if f["bias"] else "STREAM"
+            return
+        if state == "BIAS":
+            if sbuf_granted:
+                self.act_state = "BIAS_RESPONSE"
+            return
+        if state == "BIAS_RESPONSE":
+            self.act_state = "STREAM"           # the response comes the cycle after
+            return
+        f = ins.fields
+        last_index = f["n"] - 1
+        granted = sbuf_granted if f["src"] else psum_granted
+        self.act_in_flight = granted
+        if granted:
+            self.act_reads_left -= 1
+        pop = take and (not f["src"] or self.act_in_byte == width - 1
+                        or self.act_in_index == last_index)
+        vector_last = take and self.act_in_index == last_index
+        if take:
+            self.act_in_index += 1
+            self.act_in_byte = (self.act_in_byte + 1) & (width - 1)
+        self.act_level += (response and streaming) - pop
+        # engine pipeline -> assembly -> write register
+        out_bytes = _OUT_BYTES[f["out_format"]]
+        write_valid = self.act_write_valid and not write_done
+        retire = write_done and self.act_write_last
+        if result_take:
+            position = self.act_out_address & (width - 1)
+            complete = (position + out_bytes == width) or self.act_out_index == last_index
+            if complete:
+                write_valid = True
+                self.act_write_last = self.act_out_index == last_index
+            self.act_out_index += 1
+            self.act_out_address += out_bytes
+        self.act_write_valid = write_valid
+        if advance:
+            self.act_pipe = [vector_last if take else None] + self.act_pipe[:-1]
+        if retire:
+            self.act_state = "IDLE"

@@ -1,0 +1,170 @@
+"""The fast path: the library GEMM's schedule, step by step (no program is built)."""
+
+from dataclasses import dataclass
+
+from opentrn import isa, numerics
+from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
+from opentrn.isa import Engine
+
+from .activation_unit import activate_overhead
+from .axi4_memory import HBM_READ_CYCLES
+from .dma import DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The fast path's figures for one GEMM on one core (:func:`gemm`)."""
+    m: int
+    k: int
+    n: int
+    dtype: str
+    cycles: int             # start to done
+    tensor_busy: int        # cycles a moving vector enters the array
+    dma_busy: int           # cycles the DMA executes a descriptor
+    activation_busy: int    # cycles a vector enters the activation engine
+    macs: int               # useful multiply-accumulates, m * k * n
+    dma_bytes: int          # bytes moved between HBM and the SBUF
+    steps: int              # steps of the schedule (docs/kernels.md)
+
+
+def dma_bytes_per_cycle(config):
+    """The core's DMA bandwidth in bytes per cycle: ``dma_engines`` buses of
+    ``dma_bus_bytes``, at most the core's share of the chip's HBM bandwidth."""
+    return min(config.dma_engines * config.dma_bus_bytes,
+               config.hbm_bytes_per_s / config.cores_per_chip / config.clock_hz)
+
+
+def _words(start, length, width):
+    """Bus words a run of ``length`` bytes from byte ``start`` touches."""
+    return (start + length - 1) // width - start // width + 1
+
+
+#: The most steps :func:`gemm` models (each a few numbers: about a second per 10**6).
+MAX_GEMM_STEPS = 2_000_000
+
+
+def gemm(config, m, k, n, *, dtype="int8"):
+    """The cycles of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``, results in
+    int32 or FP32, HBM to HBM) on one core, without building the program: the kernel's
+    steps (docs/kernels.md, "The schedule") each cost the larger of the tensor engine's time
+    and the DMA's time for the descriptors that overlap it (the next step's prefetch and
+    the previous step's store), plus the first prefetch and the last step's drain,
+    activation and store. For workloads too large for :func:`predict`; the tests bound its
+    difference from :func:`predict` (docs/performance.md)."""
+    from opentrn import kernels
+    for name, value in (("m", m), ("k", k), ("n", n)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: must be a positive integer")
+    if dtype not in config.dtypes:
+        raise ValueError(f"dtype={dtype!r}: not among this configuration's formats, "
+                         f"dtypes={','.join(config.dtypes)}")
+    mx = numerics.data_format(dtype).mx
+    # Rows (partitions) of K: a format of r MACs per PE per cycle packs r elements of K per
+    # row and column (column_bytes each, docs/isa.md).
+    e = numerics.column_bytes(config, dtype)
+    rate = config.macs_per_pe_cycle(dtype)
+    k_rows = -(-k // rate)
+    K, P, chunk = config.pe_rows, config.pe_cols, config.moving_max
+    W = config.dma_bus_bytes
+    word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
+    out = 4                                              # int32 or FP32 results
+    k_tiles, m_tiles = -(-k_rows // K), -(-m // P)
+    width, kts, mb = kernels.schedule_shape(
+        config, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
+        staging_out=out, fixed_bytes=0, resident_tiles=0, element=e, mx=mx)
+    count = -(-n // width) * m_tiles * -(-k_tiles // kts)
+    if count > MAX_GEMM_STEPS:
+        # Refused before anything is allocated per step (a list of them would not fit).
+        raise ValueError(
+            f"m={m}, k={k}, n={n}: {count:,} schedule steps on this configuration "
+            f"({config.pe_rows}x{config.pe_cols}), more than the {MAX_GEMM_STEPS:,} the "
+            "fast path models one by one; project a GEMM of this size on a larger "
+            "configuration, or a part of it")
+    parts = [(k0, min(k_tiles, k0 + kts)) for k0 in range(0, k_tiles, kts)]
+    beats_per_word = isa.WORD_BYTES // min(W, isa.WORD_BYTES)
+    issue = beats_per_word + 2          # sequencer cycles per instruction (assemble, READY)
+
+    def rows_in(k0, k1):
+        """Rows of K tiles k0 .. k1 - 1 (the last tile may be partial)."""
+        return min(k_rows, k1 * K) - k0 * K
+
+    def dma(words, read=True):
+        return (DMA_READ_OVERHEAD if read else DMA_WRITE_OVERHEAD) + words * word_cycles
+
+    def tile_fetch(rows, k_count, cols):
+        """Cycles of fetching ``cols`` columns of ``rows`` rows (``k_count`` K tiles), and
+        of an MX format's scales (a row per block and K tile); counts the bytes."""
+        nonlocal dma_bytes
+        cost = dma(rows * _words(0, cols * e, W))
+        dma_bytes += rows * cols * e
+        if mx:
+            blocks = numerics.mx_blocks(config)
+            cost += dma(blocks * k_count * _words(0, cols, W))
+            dma_bytes += blocks * k_count * cols
+        return cost
+
+    steps = []
+    for n0 in range(0, n, width):
+        w = min(width, n - n0)
+        chunks = [min(chunk, w - c0) for c0 in range(0, w, chunk)]
+        for mt in range(m_tiles):
+            mrows = min(P, m - mt * P)
+            for index, (k0, k1) in enumerate(parts):
+                steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
+
+    dma_bytes = 0
+    dma_busy = 0.0
+    tensor = []                 # tensor cycles of each step
+    fetches = []                # DMA cycles of each step's prefetch
+    stores = []                 # DMA cycles of each step's store (0 if none)
+    acts = []                   # activation cycles of each step's epilogue
+    fetch_beats = []            # cycles of the read channel the step's instructions take
+    b_key = a_key = None
+    for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
+        full_rows = rows_in(k0, k1)
+        cost = 0.0
+        key = (n0, k0)
+        if key != b_key:                 # the moving block of these K tiles
+            b_key = key
+            cost += tile_fetch(full_rows, k1 - k0, w)
+        key = (n0, mt // mb, k0)
+        if key != a_key:                 # the stationary tiles of mb M tiles
+            a_key = key
+            cost += tile_fetch(full_rows, k1 - k0, min(mb * P, m - (mt // mb) * mb * P))
+        dma_busy += cost
+        fetches.append(cost)
+        # The streams' instruction fetches share the AXI read channel with the DMA's reads:
+        # this step's loads, matmuls and activations, and its DMA instructions (two words).
+        instructions = (k1 - k0) * (1 + len(chunks)) + (len(chunks) + 2 if last else 0)
+        fetch_beats.append(instructions * beats_per_word * word_cycles)
+        per_tile = max(sum(chunks), K + P, (1 + len(chunks)) * issue)
+        tensor.append((k1 - k0) * per_tile)
+        if last:
+            store = dma(mrows * _words(0, w * out, W), read=False)
+            stores.append(store)
+            dma_busy += store
+            dma_bytes += mrows * w * out
+            acts.append(sum(c + activate_overhead(config) for c in chunks))
+        else:
+            stores.append(0)
+            acts.append(0)
+
+    # Overlap: step i computes while the DMA fetches step i + 1 and stores step i - 1, and the
+    # activation engine drains step i - 1.
+    count = len(steps)
+    # At start each sequencer fetches two bursts ahead; the first data follows them.
+    burst_beats = FETCH_BUFFER_BYTES // W // 2
+    total = fetches[0] + 2 * len(Engine) * burst_beats * word_cycles + HBM_READ_CYCLES + issue
+    for i in range(count):
+        dma_side = ((fetches[i + 1] if i + 1 < count else 0) + (stores[i - 1] if i else 0)
+                    + fetch_beats[i])
+        act_side = acts[i - 1] if i else 0
+        total += max(tensor[i], dma_side, act_side)
+    drain = K + P - 1 + config.pe_multiply_stages + 2   # the last results into the PSUM
+    total += drain + acts[-1] + stores[-1]
+    vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
+    # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
+    return Estimate(m=m, k=k, n=n, dtype=dtype, cycles=round(total), tensor_busy=vectors,
+                    dma_busy=round(dma_busy), activation_busy=sum(
+                        sum(s[2]) for s in steps if s[7]),
+                    macs=m * k_rows * rate * n, dma_bytes=dma_bytes, steps=count)

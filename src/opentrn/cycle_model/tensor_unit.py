@@ -1,0 +1,225 @@
+"""hdl/tensor_unit.py: the load and matmul paths, their SBUF readers, the array's
+weight banks and fill."""
+
+from collections import deque
+
+from amaranth.utils import exact_log2
+
+from opentrn import numerics
+from opentrn.hdl.tensor_unit import LOAD_JOBS, LOAD_WORDS, MATMUL_JOBS, MATMUL_WORDS
+from opentrn.isa import Opcode
+
+
+class _Reader:
+    """One column reader of the tensor unit (hdl/tensor_unit.py ``_ColumnReader``)."""
+
+    __slots__ = ("jobs", "words", "width", "queue", "gen_pos", "gen_index", "reserved",
+                 "stored", "col")
+
+    def __init__(self, jobs, words, width):
+        self.jobs, self.words, self.width = jobs, words, width
+        self.queue = []        # jobs: dicts with first_word, last_word, lane, count, size, seq
+        self.gen_pos = 0       # jobs of the queue whose words have all been requested
+        self.gen_index = 0
+        self.reserved = 0
+        self.stored = 0
+        self.col = 0
+
+    def want(self):
+        return self.gen_pos < len(self.queue) and self.reserved != self.words
+
+    def gen_sequence(self):
+        return self.queue[self.gen_pos]["seq"]
+
+    def grant(self):
+        job = self.queue[self.gen_pos]
+        if job["first_word"] + self.gen_index == job["last_word"]:
+            self.gen_index = 0
+            self.gen_pos += 1
+        else:
+            self.gen_index += 1
+
+    def space(self):
+        return len(self.queue) != self.jobs
+
+
+def _place(offset, count, size, width, seq, **extra):
+    """A reader's job: ``count`` columns of ``2 ** size`` bytes from byte ``offset``."""
+    shift = width.bit_length() - 1
+    return {"first_word": offset >> shift,
+            "last_word": (offset + (count << size) - 1) >> shift,
+            "lane": offset & (width - 1), "count": count, "size": size, "seq": seq, **extra}
+
+
+class _TensorUnitModel:
+    """The tensor unit's state and rules, a part of :class:`~opentrn.cycle_model.core._Core`."""
+
+    def _init_tensor(self, config):
+        width = config.vector_word_bytes          # the SBUF's vector word
+        self.K, self.M = config.pe_rows, config.pe_cols
+        self.stages = config.pe_multiply_stages
+        self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width)
+        self.matmuls = _Reader(MATMUL_JOBS, MATMUL_WORDS, width)
+        self.mx = bool(numerics.mx_blocks(config))
+        self.scales = {}
+        if self.mx:
+            self.scales = {"load": _Reader(LOAD_JOBS, LOAD_WORDS, width),
+                           "matmul": _Reader(MATMUL_JOBS, MATMUL_WORDS, width)}
+        self.readers = [self.loads, self.matmuls, *self.scales.values()]
+        self.te_locked = False
+        self.te_owner = 0
+        self.te_responding = -1
+        self.sequence = 0
+        self.load_pending = False
+        self.tile_macs = 0
+        # The array: weight banks, the guard, results in flight.
+        self.pending = False
+        self.active_valid = False
+        self.guard = 0
+        self.load_column = 0
+        self.results = deque()          # (cycle the result is written, last)
+        self.results_fifo = 0           # matmuls with results in flight (FIFO K + M + S)
+        self.order = deque()            # True: a load
+        self.order_depth = 2 * (self.K + self.M) + LOAD_JOBS + MATMUL_JOBS
+        self.loads_done = 0
+        self.matmuls_done = 0
+        self.matmul_done = False
+        self.te_wrote = False           # a result was written last cycle (PSUM stage 1)
+
+    def _tensor_ready(self, ins):
+        if len(self.order) >= self.order_depth:
+            return False
+        if ins.opcode == Opcode.LOAD_STATIONARY:
+            fmt = numerics.format_of_code(ins.fields["format"])
+            return self.loads.space() and (not fmt.mx or self.scales["load"].space())
+        fmt = numerics.format_of_code(ins.fields["format"])
+        return self.matmuls.space() and (not fmt.mx or self.scales["matmul"].space())
+
+    def _tensor_accept(self, ins):
+        f, width, seq = ins.fields, self.config.vector_word_bytes, self.sequence
+        fmt = numerics.format_of_code(f["format"])
+        size = exact_log2(numerics.column_bytes(self.config, fmt.name))
+        if ins.opcode == Opcode.LOAD_STATIONARY:
+            self.loads.queue.append(_place(f["sbuf_offset"], f["cols"], size, width, seq,
+                                           mx=fmt.mx))
+            if fmt.mx:
+                self.scales["load"].queue.append(_place(f["scale_offset"], f["cols"], 0,
+                                                        width, seq))
+            self.load_pending = True
+            self.tile_macs = f["rows"] * self.config.macs_per_pe_cycle(fmt.name) * f["cols"]
+            self.order.append(True)
+        else:
+            self.matmuls.queue.append(_place(f["sbuf_offset"], f["n"], size, width, seq,
+                                             mx=fmt.mx, swap=self.load_pending,
+                                             macs=self.tile_macs))
+            if fmt.mx:
+                self.scales["matmul"].queue.append(_place(f["scale_offset"], f["n"], 0,
+                                                          width, seq))
+            self.load_pending = False
+            self.order.append(False)
+        self.sequence += 1
+
+    def _te_owner(self):
+        """The reader that has the SBUF port (hdl/tensor_unit.py: oldest first; a path's two
+        readers by fewer words reserved); -1 when none wants it."""
+        if self.te_locked:
+            return self.te_owner
+        readers = self.readers
+        wanting = [i for i, r in enumerate(readers) if r.want()]
+        if len(wanting) < 2:
+            return wanting[0] if wanting else -1
+        owner = -1
+        for i in wanting:
+            a = readers[i]
+            wins = True
+            for j in wanting:
+                if j == i:
+                    continue
+                b = readers[j]
+                sa, sb = a.gen_sequence(), b.gen_sequence()
+                if sa == sb:
+                    first = a.reserved <= b.reserved if i < j else a.reserved < b.reserved
+                else:
+                    first = sa < sb
+                if not first:
+                    wins = False
+                    break
+            if wins:
+                owner = i
+        return owner
+
+    def _tensor_commit(self, cycle, owner, request_valid, port_granted, load_take, mm_take,
+                       te_write, te_write_last, retire, head_is_load):
+        K, M = self.K, self.M
+        loads, matmuls = self.loads, self.matmuls
+        responding = self.te_responding
+        # which readers take and finish
+        load_finish = load_take and loads.col == M - 1
+        mm_job = matmuls.queue[0] if matmuls.queue else None
+        mm_first = mm_take and matmuls.col == 0
+        mm_last = mm_take and matmuls.col == mm_job["count"] - 1
+        load_mx = bool(loads.queue) and loads.queue[0]["mx"]
+        mm_mx = mm_job is not None and mm_job["mx"]
+        # (take, finish) of each reader, in the order of self.readers: a path's scale
+        # reader follows its path for the MX jobs.
+        takes = [(load_take, load_finish), (mm_take, mm_last)]
+        if self.mx:
+            takes += [(load_take and load_mx, load_finish and load_mx),
+                      (mm_take and mm_mx, mm_last and mm_mx)]
+        swap = mm_first and mm_job["swap"]
+        for index, (reader, (take, finish)) in enumerate(zip(self.readers, takes,
+                                                             strict=True)):
+            self._reader_commit(reader, port_granted and owner == index, responding == index,
+                                take, finish)
+        self.te_locked = request_valid and not port_granted
+        self.te_owner = owner
+        self.te_responding = owner if port_granted else -1
+        # the array
+        if load_take:
+            if self.load_column == M - 1:
+                self.load_column = 0
+                self.pending = True
+            else:
+                self.load_column += 1
+        if mm_take and swap:
+            self.pending = False
+            self.active_valid = True
+            self.guard = K - 1
+        elif self.guard != 0:
+            self.guard -= 1
+        if mm_take:
+            self.results.append((cycle + K + M - 1 + self.stages, mm_last))
+            if mm_first:
+                self.results_fifo += 1
+        if te_write:
+            self.results.popleft()
+            if te_write_last:
+                self.results_fifo -= 1
+        # retire in program order
+        if retire:
+            self.order.popleft()
+        self.loads_done += load_finish - (retire and head_is_load)
+        self.matmuls_done += self.matmul_done - (retire and not head_is_load)
+        self.matmul_done = te_write_last
+        self.te_wrote = te_write
+
+    def _reader_commit(self, reader, granted, response, take, finish):
+        """One column reader's clock edge: ``granted`` its request, ``response`` its word
+        arrived, ``take`` its column consumed, ``finish`` its job done."""
+        pop = False
+        if take and reader.queue:
+            job = reader.queue[0]
+            if reader.col < job["count"]:
+                lane = (job["lane"] + (reader.col << job["size"])) & (reader.width - 1)
+                pop = (lane == reader.width - (1 << job["size"])
+                       or reader.col == job["count"] - 1)
+        if granted:
+            reader.grant()
+        reader.stored += response - pop
+        reader.reserved += granted - pop
+        if finish:
+            reader.col = 0
+            reader.queue.pop(0)
+            reader.gen_pos -= 1
+        elif take:
+            reader.col += 1
