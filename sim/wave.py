@@ -597,9 +597,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> str:
-    if getattr(args, "gtkw", None) is not None:
-        from . import gtkw
-        return gtkw.run(args)
     signals = list(getattr(args, "signals", None) or [])
     if args.list:
         variables = _header(args.file)
@@ -624,10 +621,12 @@ def _run(args: argparse.Namespace) -> str:
     return _table(header, rows)
 
 
-def command(args: argparse.Namespace) -> int:
-    """Run ``opentrn wave``: print to stdout, return the exit status (2 on bad input)."""
+def command(args: argparse.Namespace, run=None) -> int:
+    """Run ``opentrn wave``: print to stdout, return the exit status (2 on bad input).
+    ``run``: what makes the output instead of the listing or table (``--gtkw``:
+    :func:`opentrn.sim.gtkw.run`), with the same handling of bad input."""
     try:
-        out = _run(args)
+        out = (run or _run)(args)
     except WaveError as exc:
         print(f"opentrn wave: error: {exc}", file=sys.stderr)
         return 2
