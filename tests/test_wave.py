@@ -54,6 +54,23 @@ class _Dut(wiring.Component):
         return m
 
 
+def _vcd_variables(path):
+    """``(scope, fields)`` of each ``$var`` of a VCD, read off its text independently of the
+    code under test: ``scope`` its dotted path from the root, ``fields`` the line's words."""
+    scopes = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if parts[:1] == ["$scope"]:
+                scopes.append(parts[2])
+            elif parts[:1] == ["$upscope"]:
+                scopes.pop()
+            elif parts[:1] == ["$var"]:
+                yield ".".join(scopes), parts
+            elif parts[:1] == ["$enddefinitions"]:
+                return
+    raise AssertionError(f"{path}: no $enddefinitions")
+
 @pytest.fixture(scope="module")
 def amaranth_vcd(tmp_path_factory):
     """Simulate _Dut for TICKS edges; return the VCD path, its names and what the TB saw."""
@@ -82,18 +99,11 @@ def amaranth_vcd(tmp_path_factory):
 
     # pysim's scope names differ between versions (`top`, `bench.top`): read them off the
     # file instead of guessing, independently of the code under test.
-    text = path.read_text()
-    scopes, names = [], {}
-    for line in text.splitlines():
-        parts = line.split()
-        if parts[:1] == ["$scope"]:
-            scopes.append(parts[2])
-        elif parts[:1] == ["$upscope"]:
-            scopes.pop()
-        elif parts[:1] == ["$var"]:
-            names.setdefault(".".join([*scopes, parts[4]]), int(parts[2]))
+    names = {}
+    for scope, parts in _vcd_variables(path):
+        names.setdefault(f"{scope}.{parts[4]}", int(parts[2]))
     top = next(n for n in names if n.endswith(".count")).rsplit(".", 1)[0]
-    assert "$timescale 1 fs $end" in text
+    assert "$timescale 1 fs $end" in path.read_text()
     return {"path": path, "top": top, "names": names, "seen": seen}
 
 
@@ -599,19 +609,10 @@ def test_icarus_fst_of_a_run_reads_as_its_vcd(engine_vcd, tmp_path, capsys):
 def _declared(path):
     """``{scope: {variable}}`` of a VCD, read off its text: a scope is its dotted path from
     the root, a variable its name with its range (``q [7:0]``)."""
-    declared, scopes = {}, []
-    with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if parts[:1] == ["$scope"]:
-                scopes.append(parts[2])
-            elif parts[:1] == ["$upscope"]:
-                scopes.pop()
-            elif parts[:1] == ["$var"]:
-                declared.setdefault(".".join(scopes), set()).add(" ".join(parts[4:-1]))
-            elif parts[:1] == ["$enddefinitions"]:
-                return declared
-    raise AssertionError(f"{path}: no $enddefinitions")
+    declared = {}
+    for scope, parts in _vcd_variables(path):
+        declared.setdefault(scope, set()).add(" ".join(parts[4:-1]))
+    return declared
 
 
 def _cut(declared, scope):

@@ -105,7 +105,7 @@ class Recorder:
         self._busy_since = {name: None for name in ENGINES}
         self._reads = [deque() for _ in MANAGERS]         # (beats, cycle)
         self._writes = deque()
-        self._last = 0
+        self._last = None
         self.timeline = Timeline(cycles=0, busy={name: [] for name in ENGINES})
 
     def cycle(self, cycle, *, issued=(), retired=(), waiting=(), busy=(), read=None,
@@ -115,7 +115,7 @@ class Recorder:
         semaphore, value)``, ``busy`` engine names, ``read`` ``(manager, beats)`` an AR
         accepted, ``read_last`` the manager whose last R beat was taken, ``write`` the
         beats of an AW accepted, ``write_response`` a B taken."""
-        if cycle <= self._last and self._last:
+        if self._last is not None and cycle <= self._last:
             raise ValueError(f"cycle={cycle}: cycles must increase (last {self._last})")
         self._last = cycle
         timeline = self.timeline
