@@ -12,6 +12,7 @@ from matplotlib import image
 from opentrn import config, cycle_model, kernels, timeline
 from opentrn.cli import main
 from opentrn.sim import runner
+from opentrn.sim.core import run_programs
 from opentrn.timeline import ENGINES, Burst, Instruction, Recorder, Timeline, Wait
 
 from .conftest import require_simulator
@@ -159,3 +160,21 @@ def test_rtl_and_model_traces_are_the_same_event_for_event(tmp_path, capsys):
     assert rtl["traceEvents"] == model["traceEvents"]
     assert rtl["otherData"]["source"] == f"the RTL ({sim})"
     assert rtl["otherData"]["busy_cycles"] == report["engine_busy"]
+
+
+@pytest.mark.sim
+def test_a_hierarchical_core_gives_the_models_timeline():
+    """A core of 256 processing elements, which Verilator builds hierarchically (only the
+    signals the bench reads are public): bit-exact, and its timeline is the model's."""
+    require_simulator("verilator")
+    cfg = config.preset("small").replace(pe_rows=16, pe_cols=16, sbuf_partitions=16)
+    assert runner.build_info(runner.build(cfg, "core_with_memory", "verilator"))["hierarchical"]
+    rng = np.random.default_rng(5)
+    a = kernels.random_inputs(rng, (16, 32), "int8")
+    b = kernels.random_inputs(rng, (32, 16), "int8")
+    program, expected = kernels.gemm(cfg, a.T.copy(), b)
+    (outcome,), _ = run_programs([program], sim="verilator", timeline=True)
+    assert np.array_equal(program.read_outputs(outcome.hbm)["c"], expected["c"])
+    counters, recorded = cycle_model.predict_timeline(program)
+    assert outcome.counters == counters
+    assert outcome.timeline == recorded
