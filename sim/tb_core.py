@@ -183,8 +183,8 @@ class _TimelineProbe:
     async def record(self):
         """Wait for the start pulse, then record until :attr:`stop`; the recorder."""
         # Sampled at the falling edge: nothing changes there (every register takes the
-        # rising one), so a cycle's values have settled, and one trigger per cycle costs
-        # half of a rising edge and a read-only phase.
+        # rising one), so a cycle's values have settled; one trigger per cycle, not a rising
+        # edge and a read-only phase.
         core, recorder = self.core, Recorder()
         falling = FallingEdge(self.clk)
         while True:
