@@ -76,6 +76,15 @@ class Timeline:
     busy: dict = field(default_factory=dict)        # engine name -> [(start, end)]
     bursts: list = field(default_factory=list)
 
+    def executing(self):
+        """``(instruction, start)`` of each instruction: ``start`` the cycle its engine could
+        begin on it (handed over, and the one before it completed), so that an engine's
+        spans ``start .. retired`` follow one another without overlapping."""
+        previous = {}
+        for ins in self.instructions:
+            yield ins, max(ins.issued, previous.get(ins.engine, -1) + 1)
+            previous[ins.engine] = ins.retired
+
     def busy_cycles(self, engine):
         return sum(end - start for start, end in self.busy.get(engine, ()))
 
@@ -185,9 +194,8 @@ def trace_events(timeline, *, clock_hz, label="opentrn core", source=None):
     lane (its instructions, its semaphore waits, its busy cycles), the HBM bursts as async
     slices per manager; times in microseconds at ``clock_hz``, cycles in each event's
     ``args``; ``source`` (the RTL or the cycle model) only in ``otherData``, so the events
-    of one program are the same from both. An instruction's slice runs from when the
-    engine could start on it (handed over, and the one before it completed) to its
-    completion, so an engine's slices never overlap."""
+    of one program are the same from both. An instruction's slice is its
+    :meth:`Timeline.executing` span, so an engine's slices never overlap."""
     us = 1e6 / clock_hz
 
     def ts(cycle):
@@ -201,10 +209,7 @@ def trace_events(timeline, *, clock_hz, label="opentrn core", source=None):
                            "args": {"name": f"{name} {what}"}})
             events.append({"ph": "M", "pid": _PID, "tid": tid, "name": "thread_sort_index",
                            "args": {"sort_index": tid}})
-    previous = {}
-    for ins in timeline.instructions:
-        start = max(ins.issued, previous.get(ins.engine, -1) + 1)
-        previous[ins.engine] = ins.retired
+    for ins, start in timeline.executing():
         events.append({"ph": "X", "pid": _PID, "tid": _track(ins.engine, 0),
                        "name": ins.opcode, "ts": ts(start), "dur": ts(ins.retired + 1 - start),
                        "args": {"pc": ins.pc, "issued": ins.issued, "retired": ins.retired}})
@@ -282,10 +287,7 @@ def render(timeline, path, *, title="", width=1600, dpi=100):
                      for i, op in enumerate(opcodes)}
         # One collection per row and colour: a bar per call takes minutes for 10,000s.
         spans = {}
-        previous = {}
-        for ins in timeline.instructions:
-            start = max(ins.issued, previous.get(ins.engine, -1) + 1)
-            previous[ins.engine] = ins.retired
+        for ins, start in timeline.executing():
             spans.setdefault((f"{ENGINES[ins.engine]} instructions", ins.opcode), []).append(
                 (start, ins.retired + 1))
         for (row, opcode), runs in spans.items():

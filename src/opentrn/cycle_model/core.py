@@ -113,11 +113,10 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             self.hbm.beats.popleft()
         b_taken = bool(dma.write_lasts) and dma.write_lasts[0] + self.hbm.write_cycles \
             <= cycle and running
+        ar_beats = 0
         if ar >= 0:
-            if ar == 0:
-                self.hbm.read_burst(cycle, 0, dma.src_issue.burst_words())
-            else:
-                self.hbm.read_burst(cycle, ar, seqs[ar - 1].ar_len)
+            ar_beats = dma.src_issue.burst_words() if ar == 0 else seqs[ar - 1].ar_len
+            self.hbm.read_burst(cycle, ar, ar_beats)
 
         # ---- units' retire signals and hand-over ready ------------------------------------
         dma_retire = dma.done
@@ -254,8 +253,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             if dma.done:
                 events.append("dma:done")
             if ar >= 0:
-                length = dma.src_issue.burst_words() if ar == 0 else seqs[ar - 1].ar_len
-                events.append(f"AR id{ar} len{length}")
+                events.append(f"AR id{ar} len{ar_beats}")
             if r_taken:
                 events.append(f"R id{r_manager}{' L' if r_last else ''}")
             if dma_aw_sent:
@@ -281,8 +279,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
                 busy=[name for name, busy in zip(timeline.ENGINES,
                                                  (dma.busy, mm_take, act_take), strict=True)
                       if busy],
-                read=(ar, dma.src_issue.burst_words() if ar == 0 else seqs[ar - 1].ar_len)
-                if ar >= 0 else None,
+                read=(ar, ar_beats) if ar >= 0 else None,
                 read_last=r_manager if r_taken and r_last else None,
                 write=dma.dst_issue.burst_words() if dma_aw_sent else None,
                 write_response=b_taken)
