@@ -143,6 +143,17 @@ def test_run_model_writes_the_trace_and_picture_without_simulating(tmp_path, cap
     assert f"--trace={tmp_path}: is a directory" in capsys.readouterr().err
 
 
+def test_a_timeline_the_build_cannot_show_is_refused_by_name(tmp_path, capsys):
+    """A hierarchical Verilator core with the axi HBM makes only its ports public: refused
+    before any build, naming the option."""
+    require_simulator("verilator")
+    argv = ["run", "gemm", "--preset", "small", "--set", "pe_rows=16", "--set", "pe_cols=16",
+            "--set", "sbuf_partitions=16", "--sim", "verilator", "--hbm", "axi"]
+    assert main([*argv, "--timeline", str(tmp_path / "t.png")]) == 2
+    assert ("--timeline: the hierarchical Verilator build of a 16x16 core with --hbm axi "
+            "shows its ports only") in capsys.readouterr().err
+
+
 @pytest.mark.sim
 def test_rtl_and_model_traces_are_the_same_event_for_event(tmp_path, capsys):
     """``opentrn run ... --trace`` on the RTL and with ``--model`` write the same events:
