@@ -3,7 +3,10 @@
 performance counters) and how fast each simulator runs the core.
 
     python benchmarks/core_utilization.py [--presets tiny,small] [--sims verilator,icarus]
-        [--dtypes int8,bf16,fp8e4m3,mxfp8e4m3]
+        [--dtypes int8,bf16,fp8e4m3,mxfp8e4m3] [--set KEY=VALUE ...] [--shapes M,K,N;...]
+
+``--set`` changes every preset as ``opentrn --set`` does, e.g. trn3 scaled to a 16x16 array
+(docs/performance.md): ``--presets trn3 --set pe_rows=16 --set pe_cols=16 ...``.
 
 Every shape runs as a kernel (:mod:`opentrn.kernels`) on the core RTL, is checked bit for bit
 against numpy, and reports: cycles, tensor-engine busy cycles / cycles (utilization), the
@@ -38,8 +41,20 @@ def main(argv=None):
                         help="the shape timed on the slower simulators (default: 64,64,64)")
     parser.add_argument("--dtypes", default="int8",
                         help="input formats, each run where the preset has it (default: int8)")
+    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append",
+                        default=[], help="override one configuration key (repeatable)")
+    parser.add_argument("--shapes", default=None,
+                        help="GEMM shapes M,K,N separated by ';' (default: the table's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        shape_list = SHAPES if args.shapes is None else [
+            tuple(int(x) for x in text.split(",")) for text in args.shapes.split(";")]
+        if any(len(shape) != 3 or min(shape) < 1 for shape in shape_list):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--shapes {args.shapes!r}: must be M,K,N triples of positive integers "
+                     "separated by ';'")
     sims = args.sims.split(",") if args.sims else [
         sim for sim in runner.SIMULATORS if runner.available(sim) is None]
     fast = runner.long_run_simulator()
@@ -47,11 +62,14 @@ def main(argv=None):
 
     rows = []
     for preset in args.presets.split(","):
-        cfg = config.preset(preset)
+        try:
+            cfg = config.resolve(preset, overrides=args.overrides)
+        except config.ConfigError as error:
+            parser.error(str(error))
         for sim in sims:
             # The cycle counts do not depend on the simulator: the full table runs on the
             # fastest one, the others time one shape.
-            shapes = SHAPES if sim == fast else [speed_shape]
+            shapes = shape_list if sim == fast else [speed_shape]
             rng = np.random.default_rng(1)
             programs, expected, labels = [], [], []
             for dtype in args.dtypes.split(","):
@@ -89,8 +107,10 @@ def main(argv=None):
                     "sim": sim, "dtype": dtype, "gemm": f"{m}x{k}x{n}", "cycles": c["cycles"],
                     "macs": c["macs"],
                     "tensor_busy": round(c["tensor_busy"] / c["cycles"], 4),
-                    "mac_utilization": round(
-                        c["macs"] / (c["cycles"] * cfg.peak_macs_per_cycle), 4),
+                    # The format's peak: an MX format may do several MACs per PE a cycle.
+                    "mac_utilization": round(c["macs"] / (
+                        c["cycles"] * cfg.peak_macs_per_cycle * cfg.macs_per_pe_cycle(dtype)),
+                        4),
                     "dma_busy": round(c["dma_busy"] / c["cycles"], 4),
                     "activation_busy": round(c["activation_busy"] / c["cycles"], 4),
                     "tensor_wait": c["tensor_wait"],

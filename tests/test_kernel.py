@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opentrn import config, isa, kernels, numerics
+from opentrn import config, cycle_model, isa, kernels, numerics, schedule
 from opentrn.golden.core import Core
 from opentrn.kernel import FORMAT_DTYPES, Kernel, KernelError, Pattern, Program, same_bits
 
@@ -298,6 +298,19 @@ def _without_waits(program, engine):
 
 
 # -- the builder on a hand-written kernel -------------------------------------------------------
+
+
+def _a_seed_notices(broken, expected, seeds=12):
+    """Some interleaving of the race checker runs ``broken`` (a program with waits removed)
+    into a stale read or an output ``c`` other than ``expected``'s."""
+    for seed in range(seeds):
+        try:
+            outputs = RaceChecker(broken, seed).run()
+        except AssertionError:
+            return True
+        if not same_bits(outputs["c"], expected["c"]):
+            return True
+    return False
 
 
 def _docs_example(marker="example"):
@@ -996,18 +1009,48 @@ def test_race_checker_catches_missing_waits(fmt):
             _mx_scales(rng, 40, 6), _mx_scales(rng, 40, 35)))
     _race_free(program, expected, seeds=4)
     for engine in isa.Engine:
-        broken = _without_waits(program, engine)
-        caught = False
-        for seed in range(12):
-            try:
-                outputs = RaceChecker(broken, seed).run()
-            except AssertionError:
-                caught = True
-                break
-            if not same_bits(outputs["c"], expected["c"]):
-                caught = True
-                break
-        assert caught, f"waits of engine {engine.name} removed, no seed noticed"
+        assert _a_seed_notices(_without_waits(program, engine), expected), \
+            f"waits of engine {engine.name} removed, no seed noticed"
+
+
+@pytest.mark.parametrize("fmt", ["int8", "bf16", "mxfp8e4m3"])
+def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
+    """32x256x64 on tiny: the moving block's K tiles fit the SBUF once, not twice, so the
+    schedule keeps one moving slot (rather than cutting K and fetching B once per M tile)
+    and refills it for the next block one K tile at a time, each descriptor waiting only
+    for the matmuls of its K tile. Bit-exact on the golden machine, race-free, and the
+    refill's waits are needed (without the DMA stream's waits some interleaving differs).
+    B crosses the bus once: the DMA moves A once per block, B once and C once."""
+    M, K, N = 32, 256, 64
+    cfg = TINY
+    rate = cfg.macs_per_pe_cycle(fmt)
+    e = numerics.column_bytes(cfg, fmt)
+    mx = numerics.data_format(fmt).mx
+    width, kts, _, buffers = schedule.schedule_shape(
+        cfg, columns=N, k_tiles=K // rate // cfg.pe_rows, m_tiles=M // cfg.pe_cols,
+        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0, element=e,
+        mx=mx)
+    assert buffers == 1 and kts == K // rate // cfg.pe_rows and width < N, (width, kts)
+    rng = np.random.default_rng(21)
+    a, b = (kernels.random_inputs(rng, shape, fmt) for shape in ((M, K), (K, N)))
+    extra = ({"block_scales": (kernels.random_scales(rng, K, M),
+                               kernels.random_scales(rng, K, N))} if mx else {})
+    program, expected = kernels.gemm(cfg, a.T.copy(), b, **extra)
+    blocks = N // width
+    # One descriptor for the first block's moving data, one per K tile for each later one.
+    addr, shape, _ = program.inputs["b"]
+    moving_fetches = sum(1 for op, f in RaceChecker(program, 0).streams[isa.Engine.DMA]
+                         if op == isa.Opcode.DMA and f["src_space"] == 0
+                         and addr <= f["src_addr"] < addr + shape[0] * shape[1] * e)
+    assert moving_fetches == 1 + (blocks - 1) * kts
+    scale_bytes = (numerics.mx_blocks(cfg) * (K // rate // cfg.pe_rows) * (blocks * M + N)
+                   if mx else 0)
+    assert cycle_model.predict(program)["dma_bytes"] == \
+        K * e // rate * (blocks * M + N) + scale_bytes + M * N * 4
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=3)
+    assert _a_seed_notices(_without_waits(program, isa.Engine.DMA), expected), \
+        "the DMA stream's waits removed, no seed noticed"
 
 
 def test_gemm_128_cubed_builds_fast_with_the_planned_schedule_and_is_exact():
@@ -1025,9 +1068,10 @@ def test_gemm_128_cubed_builds_fast_with_the_planned_schedule_and_is_exact():
     assert counts["tensor"] == {"MATMUL": 32 * 32 * 8, "LOAD_STATIONARY": 32 * 32 * 4,
                                 "END": 1}
     assert counts["activation"]["ACTIVATE"] == 32 * 8
-    # Per block of 32 columns: the moving block, the stationary tiles of 4 M tiles per
-    # descriptor (8), one store per M tile (32): few, large descriptors.
-    assert counts["dma"] == {"DMA": 4 * (1 + 8 + 32), "END": 1}
+    # Per block of 32 columns: the moving block, the stationary tiles of 2 M tiles per
+    # descriptor (16: an M tile's row is 4 bytes, half a bus word), one store per M tile
+    # (32): few, large descriptors.
+    assert counts["dma"] == {"DMA": 4 * (1 + 16 + 32), "END": 1}
     # Waits are placed only where needed: the DMA and the tensor engine need no NOP.
     assert "NOP" not in counts["tensor"] and "NOP" not in counts["dma"]
     assert program.macs == 128 ** 3

@@ -11,18 +11,21 @@ the SBUF partition axis is the contraction axis K (``pe_rows`` partitions per K 
 the PSUM partitions are M (``pe_cols`` per M tile). So ``gemm`` takes ``A`` transposed
 (``a_t[K, M]``) and ``b[K, N]``.
 
-The schedule (docs/kernels.md, "Library kernels"): the output columns are cut into
-**blocks** of up to ``G * moving_max`` columns, ``G = psum_banks // 2`` PSUM banks per block
-(one ``moving_max`` chunk per bank), so that two groups of banks alternate: the activation
-engine drains one group while the tensor engine accumulates into the other. For each block,
-for each M tile, for each K tile, one ``LOAD_STATIONARY`` serves the block's chunks (one
-``MATMUL`` each, ``accumulate`` from the second K tile on). The moving block (``b[:, block]``,
-every K tile) stays in the SBUF across all M tiles; the stationary tiles of up to
-:data:`MAX_M_BLOCK` M tiles (every K tile) come in one 3-D DMA descriptor; both are
-double-buffered and fetched one step (M tile) ahead, so the DMA overlaps the matmuls. When a
-block's K tiles do not fit, K is cut into parts (the moving data is then fetched per M tile
-and K part; the PSUM keeps accumulating). Results go PSUM -> ``ACTIVATE`` -> SBUF staging
-(double-buffered) -> one DMA per M tile and block.
+The schedule (:mod:`opentrn.schedule`; docs/kernels.md, "The schedule"): the output
+columns are cut into **blocks** of up to ``G * moving_max`` columns, ``G = psum_banks // 2``
+PSUM banks per block (one ``moving_max`` chunk per bank), so that two groups of banks
+alternate: the activation engine drains one group while the tensor engine accumulates into
+the other. For each block, for each M tile, for each K tile, one ``LOAD_STATIONARY`` serves
+the block's chunks (one ``MATMUL`` each, ``accumulate`` from the second K tile on). The
+moving block (``b[:, block]``, every K tile) stays in the SBUF across all M tiles; the
+stationary tiles of one M tile, or of up to :data:`~opentrn.schedule.MAX_M_BLOCK` (every K
+tile), come in one 3-D DMA descriptor; both are double-buffered and fetched one step (M
+tile) ahead, so the DMA overlaps the matmuls. When a block's K tiles do not fit, K is cut
+into parts (the moving data is then fetched per M tile and K part; the PSUM keeps
+accumulating), or the block narrows, or it keeps one moving slot refilled a K tile at a
+time: :func:`~opentrn.schedule.schedule_shape` takes the tiling its cost estimate
+(:func:`~opentrn.schedule.tiling_cost`) finds cheapest. Results go PSUM -> ``ACTIVATE`` ->
+SBUF staging (double-buffered) -> one DMA per M tile and block.
 
 MX formats: the host re-lays each operand's scales per K tile (``_tile_scales``: row
 ``kt * Bt + b`` holds block ``(kt * R) // 32 + b``, ``Bt = ceil(R / 32)`` blocks per K tile of
@@ -41,8 +44,6 @@ a format.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from opentrn import isa, numerics
@@ -50,17 +51,12 @@ from opentrn.config import Config
 from opentrn.kernel import (
     Kernel,
     KernelError,
-    Pattern,
     Program,
-    SbufTile,
-    Tensor,
     format_dtype,
     format_of_dtype,
     tensor_format,
 )
-
-#: The most M tiles whose stationary data one DMA descriptor fetches.
-MAX_M_BLOCK = 4
+from opentrn.schedule import Layer, Schedule
 
 __all__ = ["gemm", "gemm_bias_relu", "mlp", "reference_matmul", "reference_activation",
            "reference_matmul_float", "reference_activation_float", "MATMUL_DTYPES",
@@ -299,331 +295,6 @@ def _requant(name, value):
     return int(multiplier), int(shift)
 
 
-# -- the tiled schedule -------------------------------------------------------------------------
-
-
-@dataclass
-class _Layer:
-    """One ``out[M, N] = a[K, M].T @ moving[K, N]`` with its epilogue; ``K`` and the K tiles
-    in rows (SBUF partitions), each of ``rate`` elements of K per column (``_pack``)."""
-    a: Tensor                   # stationary, [K, M * rate] in HBM
-    K: int
-    M: int
-    kt_rows: int                # rows of a K tile
-    moving: Tensor | None       # [K, N] in HBM, or None: ``resident`` holds it
-    resident: list | None       # per block: the SBUF tile holding the moving block
-    function: str
-    scaling: dict               # multiplier and shift, or scale (Kernel.activation)
-    out: str                    # the output format
-    bias: SbufTile | None       # 4 bytes (int32, FP32) at 4 * mt of partition p: bias[mt*P+p]
-    dest: Tensor | list         # [M, N] in HBM, or per block the SBUF tile of the results
-    P: int                      # rows of an M tile (pe_cols)
-    dtype: str = "int8"         # the input format
-    # MX formats: the E8M0 scales (_tile_scales) of ``a`` and ``moving`` in HBM, or for
-    # resident moving data an SBUF tile of 127s (unit scales) in partitions 0..Bt-1.
-    a_scales: Tensor | None = None
-    moving_scales: Tensor | None = None
-    resident_scales: SbufTile | None = None
-    rate: int = 1               # elements of K per row and column (MACs per PE per cycle)
-
-    @property
-    def mx(self):
-        return numerics.data_format(self.dtype).mx
-
-    @property
-    def scale_rows(self):
-        """Rows of a K tile in the re-laid scale tensors: ``ceil(kt_rows * rate / 32)``."""
-        return -(-(self.kt_rows * self.rate) // numerics.MX_BLOCK)
-
-    @property
-    def block_rows(self):
-        """Rows (partitions) of one MX block: ``32 / rate``."""
-        return numerics.MX_BLOCK // self.rate
-
-    @property
-    def size(self):
-        """Bytes of one column of a row: ``rate`` input elements."""
-        return self.rate * numerics.data_format(self.dtype).bytes
-
-    @property
-    def out_size(self):
-        return numerics.data_format(self.out).bytes
-
-    @property
-    def k_tiles(self):
-        return -(-self.K // self.kt_rows)
-
-    @property
-    def m_tiles(self):
-        return -(-self.M // self.P)
-
-
-@dataclass
-class _Step:
-    layer: _Layer
-    block: int
-    n0: int                     # first column of the block
-    width: int                  # columns of the block
-    mt: int
-    kt0: int                    # K tiles kt0..kt1-1
-    kt1: int
-    first: bool                 # the first K part of (block, mt): overwrite the PSUM
-    last: bool                  # the last K part: the epilogue follows
-    a_slot: tuple | None = None     # (tile, byte offset of this M tile in K tile kt0)
-    moving: tuple | None = None     # (tile, byte offset of K tile kt0, column 0)
-    a_scales: tuple | None = None   # MX: (tile, byte offset of this M tile in K tile kt0)
-    moving_scales: SbufTile | None = None   # MX: the slot of K tile kt0 on, or unit scales
-
-
-def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out,
-                   fixed_bytes, resident_tiles, element=1, mx=False):
-    """The library kernels' tiling (docs/kernels.md, "The schedule"): ``(width, kts, m_block)``,
-    the columns of a block, the K tiles of a step and the M tiles per stationary descriptor,
-    the largest that fit the SBUF (the arguments are :class:`_Schedule`'s). Also the cycle
-    model's fast path (:func:`opentrn.cycle_model.gemm`) sizes its steps with it."""
-    P, chunk = cfg.pe_cols, cfg.moving_max
-    banks_per_group = max(1, cfg.psum_banks // 2)
-    align = max(4, cfg.dma_bus_bytes)
-
-    def al(x):
-        return -(-x // align) * align
-
-    budget = cfg.sbuf_bytes_per_partition
-
-    def need(kts, w, mb=1):
-        e = element
-        scales = (2 * al(kts * mb * P) + (2 * al(kts * w) if moving_from_hbm else 0)
-                  if mx else 0)
-        return (2 * al(kts * mb * P * e) + (2 * al(kts * w * e) if moving_from_hbm else 0)
-                + (2 * al(w * staging_out) if staging_out else 0)
-                + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes
-                + scales)
-
-    width = min(columns, banks_per_group * chunk)
-    while True:
-        kts = k_tiles
-        while kts > 1 and need(kts, width) > budget:
-            kts = max(1, min(kts - 1, kts * budget // max(1, need(kts, width))))
-        if need(kts, width) <= budget:
-            break
-        if width == 1:
-            raise KernelError(
-                f"sbuf_bytes_per_partition={budget}: too small for this kernel even with "
-                f"one column per block and one K tile per step (needs "
-                f"{need(1, 1)} bytes per partition)")
-        width = max(1, width // 2)
-    # Stationary tiles of up to MAX_M_BLOCK M tiles per descriptor (fewer, longer rows),
-    # when K is not cut into parts (else each part's tiles are needed at another step).
-    mb = 1
-    if kts >= k_tiles:
-        while mb < min(m_tiles, MAX_M_BLOCK) and need(kts, width, mb + 1) <= budget:
-            mb += 1
-    return width, kts, mb
-
-
-class _Schedule:
-    """Tiles, sizes and the emission of a list of layers over column blocks."""
-
-    def __init__(self, kernel: Kernel, *, columns, k_tiles, m_tiles, moving_from_hbm,
-                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False):
-        """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
-        ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
-        per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
-        per block (MLP hidden), x 2; ``element``: bytes of an input column (its format's
-        ``column_bytes``); ``mx``: an MX format, whose scale slots (one byte per column and
-        K tile, double-buffered like the element slots) count in the SBUF budget."""
-        self.k = kernel
-        cfg = kernel.config
-        self.cfg = cfg
-        self.P = cfg.pe_cols
-        self.chunk = cfg.moving_max
-        self.groups = 2 if cfg.psum_banks >= 2 else 1
-        self.banks_per_group = max(1, cfg.psum_banks // 2)
-        width, kts, mb = schedule_shape(
-            cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
-            moving_from_hbm=moving_from_hbm, staging_out=staging_out, fixed_bytes=fixed_bytes,
-            resident_tiles=resident_tiles, element=element, mx=mx)
-        self.width, self.kts, self.m_block = width, kts, mb
-        self.element = element
-        self.a_stride = mb * self.P * element    # bytes of one K tile in a stationary slot
-        self.b_stride = width * element          # bytes of one K tile in a moving slot
-        self.blocks = [(n0, min(width, columns - n0)) for n0 in range(0, columns, width)]
-        k = kernel
-        self.a_slots = [k.sbuf(cfg.sbuf_partitions, kts * self.a_stride) for _ in range(2)]
-        self.b_slots = ([k.sbuf(cfg.sbuf_partitions, kts * self.b_stride) for _ in range(2)]
-                        if moving_from_hbm else [])
-        self.staging = ([k.sbuf(self.P, width * staging_out) for _ in range(2)]
-                        if staging_out else [])
-        # MX: the scales of the slots above, block b of each K tile (pe_rows rows) in
-        # partition b.
-        scale_parts = numerics.mx_blocks(cfg) if mx else 0
-        self.a_scale_slots = ([k.sbuf(scale_parts, kts * mb * self.P) for _ in range(2)]
-                              if mx else [])
-        self.b_scale_slots = ([k.sbuf(scale_parts, kts * width) for _ in range(2)]
-                              if mx and moving_from_hbm else [])
-        self.psum = [[k.psum(cfg.psum_bank_entries, bank=g * self.banks_per_group + c)
-                      for c in range(self.banks_per_group)] for g in range(self.groups)]
-        self.a_count = self.b_count = self.stage_count = self.group_count = 0
-        self.a_key = self.b_key = None
-
-    def steps(self, layer, block):
-        n0, width = self.blocks[block]
-        kt = layer.k_tiles
-        parts = [(k0, min(kt, k0 + self.kts)) for k0 in range(0, kt, self.kts)]
-        for mt in range(layer.m_tiles):
-            for i, (k0, k1) in enumerate(parts):
-                yield _Step(layer, block, n0, width, mt, k0, k1, i == 0, i == len(parts) - 1)
-
-    # -- emission -------------------------------------------------------------------------------
-
-    def run(self, steps):
-        """Emit ``steps``, each step's loads one step ahead of its compute."""
-        steps = list(steps)
-        if steps:
-            self._prefetch(steps[0])
-        for i, step in enumerate(steps):
-            if i + 1 < len(steps):
-                self._prefetch(steps[i + 1])
-            self._compute(step)
-            if step.last:
-                self._epilogue(step)
-
-    def _rows_3d(self, tensor, r0, r1, c0, cols, tile, kt_bytes, R):
-        """DMA ``tensor[r0:r1, c0:c0+cols]`` into ``tile``: row ``r`` to partition
-        ``(r - r0) % R``, bytes ``((r - r0) // R) * kt_bytes`` on: one descriptor for the
-        full K tiles, one for a partial last one."""
-        full = (r1 - r0) // R
-        rb, e = tensor.row_bytes, tensor.itemsize
-        if full:
-            self.k.dma_pattern(Pattern(tile, offset=0, stride2=kt_bytes, pstep1=1),
-                               Pattern(tensor, offset=r0 * rb + c0 * e, stride1=rb,
-                                       stride2=R * rb),
-                               n0=cols, n1=R, n2=full, elem_bytes=e)
-        rest = (r1 - r0) - full * R
-        if rest:
-            self.k.dma_pattern(Pattern(tile, offset=full * kt_bytes, pstep1=1),
-                               Pattern(tensor, offset=(r0 + full * R) * rb + c0 * e,
-                                       stride1=rb),
-                               n0=cols, n1=rest, elem_bytes=e)
-
-    def _prefetch(self, step):
-        layer = step.layer
-        R = layer.kt_rows
-        r0, r1 = step.kt0 * R, min(layer.K, step.kt1 * R)
-        if layer.moving is not None:
-            key = (id(layer), step.block, step.kt0)
-            if key != self.b_key:
-                tile = self.b_slots[self.b_count % 2]
-                self.b_count += 1
-                self.b_key = key
-                self._rows_3d(layer.moving, r0, r1, step.n0 * layer.rate,
-                              step.width * layer.rate, tile, self.b_stride, R)
-                self.b_tile = tile
-                if layer.mx:
-                    self.b_scale_tile = self.b_scale_slots[(self.b_count - 1) % 2]
-                    Bt = layer.scale_rows
-                    self._rows_3d(layer.moving_scales, step.kt0 * Bt, step.kt1 * Bt, step.n0,
-                                  step.width, self.b_scale_tile, self.width, Bt)
-            step.moving = (self.b_tile, 0)
-            if layer.mx:
-                step.moving_scales = self.b_scale_tile
-        else:
-            step.moving = (layer.resident[step.block % len(layer.resident)],
-                           step.kt0 * self.b_stride)
-            step.moving_scales = layer.resident_scales
-        mb = self.m_block
-        key = (id(layer), step.block, step.mt // mb, step.kt0)
-        if key != self.a_key:
-            self.a_key = key
-            self.a_tile = self.a_slots[self.a_count % 2]
-            self.a_count += 1
-            m0 = (step.mt // mb) * mb * self.P
-            cols = min(mb * self.P, layer.M - m0)
-            self._rows_3d(layer.a, r0, r1, m0 * layer.rate, cols * layer.rate, self.a_tile,
-                          self.a_stride, R)
-            if layer.mx:
-                self.a_scale_tile = self.a_scale_slots[(self.a_count - 1) % 2]
-                Bt = layer.scale_rows
-                self._rows_3d(layer.a_scales, step.kt0 * Bt, step.kt1 * Bt, m0, cols,
-                              self.a_scale_tile, mb * self.P, Bt)
-        step.a_slot = (self.a_tile, (step.mt % mb) * self.P * self.element)
-        if layer.mx:
-            step.a_scales = (self.a_scale_tile, (step.mt % mb) * self.P)
-
-    def _chunks(self, width):
-        return [(c0, min(self.chunk, width - c0)) for c0 in range(0, width, self.chunk)]
-
-    def _compute(self, step):
-        k, layer = self.k, step.layer
-        R = layer.kt_rows
-        mrows = min(self.P, layer.M - step.mt * self.P)
-        group = self.psum[self.group_count % self.groups]
-        tile, base = step.moving
-        a_tile, a_offset = step.a_slot
-        e = layer.size
-        for i, kt in enumerate(range(step.kt0, step.kt1)):
-            rows = min(R, layer.K - kt * R)
-            column = i * self.a_stride + a_offset
-            scales = moving_scales = None
-            if layer.mx:
-                # Blocks 0..nb-1 of this K tile (partitions), one byte per column.
-                nb = -(-rows // layer.block_rows)
-                s_tile, s_offset = step.a_scales
-                s_column = i * self.m_block * self.P + s_offset
-                scales = s_tile[0:nb, s_column:s_column + mrows]
-            k.load_stationary(a_tile[0:rows, column:column + mrows * e], dtype=layer.dtype,
-                              scales=scales)
-            offset = base + i * self.b_stride
-            for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
-                if layer.mx:
-                    # A slot holds K tile i's scales at i * width; unit scales (resident
-                    # moving data) serve every K tile and chunk from byte 0.
-                    c = 0 if layer.moving is None else i * self.width + c0
-                    moving_scales = step.moving_scales[0:nb, c:c + n]
-                k.matmul(bank[:, 0:n], tile[0:rows, offset + c0 * e:offset + (c0 + n) * e],
-                         accumulate=not (step.first and i == 0), scales=moving_scales)
-
-    def _epilogue(self, step):
-        k, layer = self.k, step.layer
-        group = self.psum[self.group_count % self.groups]
-        self.group_count += 1
-        size = layer.out_size
-        m0 = step.mt * self.P
-        mrows = min(self.P, layer.M - m0)
-        bias = None if layer.bias is None else layer.bias[:, 4 * step.mt:4 * step.mt + 4]
-        if isinstance(layer.dest, Tensor):
-            stage = self.staging[self.stage_count % 2]
-            self.stage_count += 1
-            dst, offset = stage, 0
-        else:
-            dst = layer.dest[step.block % len(layer.dest)]
-            offset = step.mt * self.b_stride       # hidden tile mt is K tile mt of layer 2
-        for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
-            k.activation(dst[:, offset + c0 * size:offset + (c0 + n) * size], bank[:, 0:n],
-                         function=layer.function, bias=bias, out=layer.out, **layer.scaling)
-        if isinstance(layer.dest, Tensor):
-            k.dma(layer.dest[m0:m0 + mrows, step.n0:step.n0 + step.width],
-                  stage[0:mrows, 0:step.width * size])
-
-    def load_bias(self, tensor):
-        """A tile with ``tensor[mt * P + p, 0]`` (int32 or FP32) at byte ``4 * mt`` of partition
-        ``p``: one descriptor for the full M tiles, one for a partial last one."""
-        k, P = self.k, self.P
-        M = tensor.shape[0]
-        tiles = -(-M // P)
-        tile = k.sbuf(self.cfg.sbuf_partitions, 4 * tiles)
-        full = M // P
-        if full:
-            k.dma_pattern(Pattern(tile, stride2=4, pstep1=1),
-                          Pattern(tensor, stride1=4, stride2=4 * P),
-                          n0=1, n1=P, n2=full, elem_bytes=4)
-        if M - full * P:
-            k.dma_pattern(Pattern(tile, offset=4 * full, pstep1=1),
-                          Pattern(tensor, offset=4 * full * P, stride1=4),
-                          n0=1, n1=M - full * P, elem_bytes=4)
-        return tile
-
-
 def _rate(config, fmt):
     """The MACs per PE per cycle of ``fmt`` on ``config``; a format the build lacks is a
     :class:`KernelError`."""
@@ -718,7 +389,7 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     C = k.output(out_name, (M, N), format_dtype(out))
     size = numerics.data_format(out).bytes
     rows = -(-K // rate)                     # K in rows of packed columns
-    sched = _Schedule(k, columns=N, k_tiles=-(-rows // kt_rows),
+    sched = Schedule(k, columns=N, k_tiles=-(-rows // kt_rows),
                       m_tiles=-(-M // config.pe_cols), moving_from_hbm=True,
                       staging_out=size, resident_tiles=0,
                       fixed_bytes=_bias_bytes(config, M) if bias is not None else 0,
@@ -726,7 +397,7 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     bias_tile = sched.load_bias(bias_tensor) if bias is not None else None
     if scaling is None:
         scaling = {"scale": 1.0} if floating else {"multiplier": 1, "shift": 0}
-    layer = _Layer(a=A, K=rows, M=M, kt_rows=kt_rows, moving=B, resident=None,
+    layer = Layer(a=A, K=rows, M=M, kt_rows=kt_rows, moving=B, resident=None,
                    function="relu" if relu else "identity", scaling=scaling, out=out,
                    bias=bias_tile, dest=C, P=sched.P, dtype=fmt, a_scales=SA, moving_scales=SB,
                    rate=rate)
@@ -901,7 +572,7 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     OUT = k.output("out_t", (d_out, batch), format_dtype(out))
     hidden_tiles = -(-hidden // P)
     element = numerics.data_format(fmt).bytes
-    sched = _Schedule(k, columns=batch,
+    sched = Schedule(k, columns=batch,
                       k_tiles=max(-(-d_in // cfg.pe_rows), hidden_tiles),
                       m_tiles=max(hidden_tiles, -(-d_out // P)),
                       moving_from_hbm=True, staging_out=size, resident_tiles=hidden_tiles,
@@ -913,11 +584,11 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
         k.dma(unit_tile, H_SCALES)
     h_tiles = [k.sbuf(cfg.sbuf_partitions, hidden_tiles * sched.b_stride) for _ in range(2)]
     hidden_format = _element(fmt) if floating else "int8"
-    layer1 = _Layer(a=W1, K=d_in, M=hidden, kt_rows=cfg.pe_rows, moving=X, resident=None,
+    layer1 = Layer(a=W1, K=d_in, M=hidden, kt_rows=cfg.pe_rows, moving=X, resident=None,
                     function="relu", scaling=scaling1, out=hidden_format, bias=bias1,
                     dest=h_tiles, P=P, dtype=fmt, a_scales=SW1 if mx else None,
                     moving_scales=SX if mx else None)
-    layer2 = _Layer(a=W2, K=hidden, M=d_out, kt_rows=P, moving=None, resident=h_tiles,
+    layer2 = Layer(a=W2, K=hidden, M=d_out, kt_rows=P, moving=None, resident=h_tiles,
                     function="identity", scaling=scaling2, out=out, bias=bias2,
                     dest=OUT, P=P, dtype=fmt, a_scales=SW2 if mx else None,
                     resident_scales=unit_tile)

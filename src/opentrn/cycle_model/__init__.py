@@ -19,7 +19,7 @@ The HBM may have a fixed latency (``latency=``): random latencies and back-press
 modelled (the zero-latency prediction is then a lower bound).
 
 :func:`gemm` is the fast path for workloads too large to build as a program: the library
-GEMM kernel's steps (:func:`opentrn.kernels.schedule_shape`), each as long as the larger of
+GEMM kernel's steps (:func:`opentrn.schedule.schedule_shape`), each as long as the larger of
 the tensor engine's and the DMA's work in it; its difference from :func:`predict` is bounded
 by the tests (docs/performance.md).
 
@@ -38,9 +38,9 @@ finds them.
 from .activation_unit import activate_overhead
 from .axi4_memory import HBM_READ_CYCLES, HBM_WRITE_RESPONSE_CYCLES
 from .core import COUNTERS, predict, predict_timeline, simulate, upper_bound
-from .dma import DMA_FIFO_LATENCY, DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD
+from .dma import DMA_FIFO_LATENCY, DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD, dma_bytes_per_cycle
 from .errors import ModelError
-from .gemm import MAX_GEMM_STEPS, Estimate, dma_bytes_per_cycle, gemm
+from .gemm import MAX_GEMM_STEPS, Estimate, gemm
 
 __all__ = ["COUNTERS", "ModelError", "predict", "predict_timeline", "simulate", "gemm",
            "Estimate", "dma_bytes_per_cycle", "upper_bound", "activate_overhead",

@@ -20,6 +20,13 @@ DMA_WRITE_OVERHEAD = 6 + HBM_WRITE_RESPONSE_CYCLES
 _HBM, _SBUF, _PSUM = 0, 1, 2              # a descriptor side's space (hdl/dma.py, Space)
 
 
+def dma_bytes_per_cycle(config):
+    """The core's DMA bandwidth in bytes per cycle: ``dma_engines`` buses of
+    ``dma_bus_bytes``, at most the core's share of the chip's HBM bandwidth."""
+    return min(config.dma_engines * config.dma_bus_bytes,
+               config.hbm_bytes_per_s / config.cores_per_chip / config.clock_hz)
+
+
 class _DmaEngine:
     """hdl/dma_unit.py and hdl/dma.py: the descriptor queue, and one descriptor at a time
     walked on both sides through the realignment buffer."""

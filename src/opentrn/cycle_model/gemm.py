@@ -2,13 +2,13 @@
 
 from dataclasses import dataclass
 
-from opentrn import isa, numerics
+from opentrn import isa, numerics, schedule
 from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
 from opentrn.isa import Engine
 
 from .activation_unit import activate_overhead
 from .axi4_memory import HBM_READ_CYCLES
-from .dma import DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD
+from .dma import DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD, dma_bytes_per_cycle
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,6 @@ class Estimate:
     macs: int               # useful multiply-accumulates, m * k * n
     dma_bytes: int          # bytes moved between HBM and the SBUF
     steps: int              # steps of the schedule (docs/kernels.md)
-
-
-def dma_bytes_per_cycle(config):
-    """The core's DMA bandwidth in bytes per cycle: ``dma_engines`` buses of
-    ``dma_bus_bytes``, at most the core's share of the chip's HBM bandwidth."""
-    return min(config.dma_engines * config.dma_bus_bytes,
-               config.hbm_bytes_per_s / config.cores_per_chip / config.clock_hz)
 
 
 def _words(start, length, width):
@@ -51,7 +44,6 @@ def gemm(config, m, k, n, *, dtype="int8"):
     the previous step's store), plus the first prefetch and the last step's drain,
     activation and store. For workloads too large for :func:`predict`; the tests bound its
     difference from :func:`predict` (docs/performance.md)."""
-    from opentrn import kernels
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
@@ -69,7 +61,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
     out = 4                                              # int32 or FP32 results
     k_tiles, m_tiles = -(-k_rows // K), -(-m // P)
-    width, kts, mb = kernels.schedule_shape(
+    width, kts, mb, buffers = schedule.schedule_shape(
         config, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
         staging_out=out, fixed_bytes=0, resident_tiles=0, element=e, mx=mx)
     count = -(-n // width) * m_tiles * -(-k_tiles // kts)
@@ -119,14 +111,23 @@ def gemm(config, m, k, n, *, dtype="int8"):
     stores = []                 # DMA cycles of each step's store (0 if none)
     acts = []                   # activation cycles of each step's epilogue
     fetch_beats = []            # cycles of the read channel the step's instructions take
+    trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     b_key = a_key = None
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
         full_rows = rows_in(k0, k1)
         cost = 0.0
         key = (n0, k0)
+        trail.append(0.0)
         if key != b_key:                 # the moving block of these K tiles
+            if buffers == 1 and b_key is not None:
+                # One moving slot: refilled a K tile at a time behind the matmuls of the
+                # step before, which wait for none of it but the last K tile's.
+                for kt in range(k0, k1):
+                    trail[-1] = tile_fetch(rows_in(kt, kt + 1), 1, w)
+                    cost += trail[-1]
+            else:
+                cost += tile_fetch(full_rows, k1 - k0, w)
             b_key = key
-            cost += tile_fetch(full_rows, k1 - k0, w)
         key = (n0, mt // mb, k0)
         if key != a_key:                 # the stationary tiles of mb M tiles
             a_key = key
@@ -159,7 +160,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         dma_side = ((fetches[i + 1] if i + 1 < count else 0) + (stores[i - 1] if i else 0)
                     + fetch_beats[i])
         act_side = acts[i - 1] if i else 0
-        total += max(tensor[i], dma_side, act_side)
+        total += max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), dma_side, act_side)
     drain = K + P - 1 + config.pe_multiply_stages + 2   # the last results into the PSUM
     total += drain + acts[-1] + stores[-1]
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)

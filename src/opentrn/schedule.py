@@ -1,0 +1,464 @@
+"""The library kernels' schedule (docs/kernels.md, "The schedule"): how a layer
+``out[M, N] = a[K, M].T @ moving[K, N]`` is cut into blocks of columns, M tiles and K tiles,
+which tiling (:func:`schedule_shape`, by the cost :func:`tiling_cost` estimates) and how
+:class:`Schedule` emits its DMA, matmuls and epilogues through a :class:`~opentrn.kernel.Kernel`.
+The kernels of :mod:`opentrn.kernels` build their programs with it, and the cycle model's
+fast path (:func:`opentrn.cycle_model.gemm`) steps through the same tiling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentrn import isa, numerics
+from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
+
+__all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "schedule_shape", "tiling_cost"]
+
+#: The most M tiles whose stationary data one DMA descriptor fetches.
+MAX_M_BLOCK = 4
+
+
+@dataclass
+class Layer:
+    """One ``out[M, N] = a[K, M].T @ moving[K, N]`` with its epilogue; ``K`` and the K tiles
+    in rows (SBUF partitions), each of ``rate`` elements of K per column (``_pack``)."""
+    a: Tensor                   # stationary, [K, M * rate] in HBM
+    K: int
+    M: int
+    kt_rows: int                # rows of a K tile
+    moving: Tensor | None       # [K, N] in HBM, or None: ``resident`` holds it
+    resident: list | None       # per block: the SBUF tile holding the moving block
+    function: str
+    scaling: dict               # multiplier and shift, or scale (Kernel.activation)
+    out: str                    # the output format
+    bias: SbufTile | None       # 4 bytes (int32, FP32) at 4 * mt of partition p: bias[mt*P+p]
+    dest: Tensor | list         # [M, N] in HBM, or per block the SBUF tile of the results
+    P: int                      # rows of an M tile (pe_cols)
+    dtype: str = "int8"         # the input format
+    # MX formats: the E8M0 scales (_tile_scales) of ``a`` and ``moving`` in HBM, or for
+    # resident moving data an SBUF tile of 127s (unit scales) in partitions 0..Bt-1.
+    a_scales: Tensor | None = None
+    moving_scales: Tensor | None = None
+    resident_scales: SbufTile | None = None
+    rate: int = 1               # elements of K per row and column (MACs per PE per cycle)
+
+    @property
+    def mx(self):
+        return numerics.data_format(self.dtype).mx
+
+    @property
+    def scale_rows(self):
+        """Rows of a K tile in the re-laid scale tensors: ``ceil(kt_rows * rate / 32)``."""
+        return -(-(self.kt_rows * self.rate) // numerics.MX_BLOCK)
+
+    @property
+    def block_rows(self):
+        """Rows (partitions) of one MX block: ``32 / rate``."""
+        return numerics.MX_BLOCK // self.rate
+
+    @property
+    def size(self):
+        """Bytes of one column of a row: ``rate`` input elements."""
+        return self.rate * numerics.data_format(self.dtype).bytes
+
+    @property
+    def out_size(self):
+        return numerics.data_format(self.out).bytes
+
+    @property
+    def k_tiles(self):
+        return -(-self.K // self.kt_rows)
+
+    @property
+    def m_tiles(self):
+        return -(-self.M // self.P)
+
+
+@dataclass
+class Step:
+    layer: Layer
+    block: int
+    n0: int                     # first column of the block
+    width: int                  # columns of the block
+    mt: int
+    kt0: int                    # K tiles kt0..kt1-1
+    kt1: int
+    first: bool                 # the first K part of (block, mt): overwrite the PSUM
+    last: bool                  # the last K part: the epilogue follows
+    a_slot: tuple | None = None     # (tile, byte offset of this M tile in K tile kt0)
+    moving: tuple | None = None     # (tile, byte offset of K tile kt0, column 0)
+    a_scales: tuple | None = None   # MX: (tile, byte offset of this M tile in K tile kt0)
+    moving_scales: SbufTile | None = None   # MX: the slot of K tile kt0 on, or unit scales
+
+
+def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
+                 moving_from_hbm, staging_out, moving_buffers=2):
+    """``(cycles, bytes, dma_bound)``: a rough cost of blocks of ``width`` columns and steps
+    of ``kts`` K tiles (for :func:`schedule_shape` to compare tilings): the larger of the
+    tensor engine's cycles and the DMA's (HBM bytes, a start-up per descriptor and the
+    instruction fetches, over the core's bandwidth; the tensor engine's including its wait
+    for the first step's tiles), the HBM bytes, and whether the DMA's is the larger.
+
+    One moving slot (``moving_buffers=1``) is refilled a K tile at a time behind the last
+    M tile's matmuls: the first matmuls of the next block wait for its last K tile, or
+    longer when a K tile takes the DMA longer than the matmuls that free the one after
+    it."""
+    # Here, not at the top: importing the cycle model package imports its fast path,
+    # which imports this module.
+    from opentrn.cycle_model.dma import DMA_READ_OVERHEAD, dma_bytes_per_cycle
+    K, P, chunk = cfg.pe_rows, cfg.pe_cols, cfg.moving_max
+    bandwidth = dma_bytes_per_cycle(cfg)
+    blocks = -(-columns // width)
+    parts = -(-k_tiles // kts)
+    refetch_moving = m_tiles if parts > 1 else 1
+    # Per K tile: the stationary (and its scales) once per block, the moving block once, or
+    # once per M tile when K is cut into parts.
+    scale_rows = numerics.mx_blocks(cfg) if mx else 0
+    stationary = blocks * m_tiles * P * (K * element + scale_rows)
+    moving = (columns * (K * element + scale_rows) * refetch_moving
+              if moving_from_hbm else 0)
+    hbm = k_tiles * (stationary + moving) + m_tiles * P * columns * staging_out
+    with_scales = 2 if mx else 1
+    moving_descriptors = (0 if not moving_from_hbm else
+                          blocks * k_tiles if moving_buffers == 1 else
+                          blocks * parts * refetch_moving)
+    descriptors = (with_scales * (blocks * m_tiles * parts + moving_descriptors)
+                   + blocks * m_tiles)
+    loads = blocks * m_tiles * k_tiles
+    matmuls = m_tiles * k_tiles * -(-columns // chunk) if width >= chunk else loads
+    # Two instruction words per DMA descriptor, one per load and matmul.
+    fetch = (loads + matmuls + 2 * descriptors) * isa.WORD_BYTES
+    per_k_tile = max(min(width, columns), K + P)
+    tensor = m_tiles * k_tiles * (
+        (columns // width) * max(width, K + P)
+        + (max(columns % width, K + P) if columns % width else 0))
+    # The first step waits for its tiles: all of its K tiles of moving data.
+    tensor += kts * K * element * (P + (min(width, columns) if moving_from_hbm else 0)) \
+        / bandwidth
+    if moving_buffers == 1 and blocks > 1:
+        refill = (DMA_READ_OVERHEAD * with_scales + (
+            K * min(width, columns) * element + scale_rows * min(width, columns)
+            + 2 * with_scales * isa.WORD_BYTES) / bandwidth)
+        tensor += (blocks - 1) * max(refill, k_tiles * (refill - per_k_tile))
+    dma = (hbm + fetch) / bandwidth + descriptors * DMA_READ_OVERHEAD
+    return max(tensor, dma), hbm, dma >= tensor
+
+
+def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out,
+                   fixed_bytes, resident_tiles, element=1, mx=False):
+    """The library kernels' tiling (docs/kernels.md, "The schedule"): ``(width, kts, m_block,
+    moving_buffers)``, the columns of a block, the K tiles of a step, the M tiles per
+    stationary descriptor and the moving slots (2, or 1 refilled a K tile at a time), the
+    cheapest that fit the SBUF (the arguments are :class:`Schedule`'s). Also the cycle
+    model's fast path (:func:`opentrn.cycle_model.gemm`) sizes its steps with it."""
+    P, chunk = cfg.pe_cols, cfg.moving_max
+    banks_per_group = max(1, cfg.psum_banks // 2)
+    align = max(4, cfg.dma_bus_bytes)
+
+    def al(x):
+        return -(-x // align) * align
+
+    budget = cfg.sbuf_bytes_per_partition
+
+    def need(kts, w, mb=1, buffers=2):
+        e = element
+        scales = (2 * al(kts * mb * P) + (buffers * al(kts * w) if moving_from_hbm else 0)
+                  if mx else 0)
+        return (2 * al(kts * mb * P * e)
+                + (buffers * al(kts * w * e) if moving_from_hbm else 0)
+                + (2 * al(w * staging_out) if staging_out else 0)
+                + (2 * al(resident_tiles * w * e) if resident_tiles else 0) + fixed_bytes
+                + scales)
+
+    def fitting_kts(w):
+        """The most K tiles per step that fit with blocks of ``w`` columns (0: none)."""
+        kts = k_tiles
+        while kts > 1 and need(kts, w) > budget:
+            kts = max(1, min(kts - 1, kts * budget // max(1, need(kts, w))))
+        return kts if need(kts, w) <= budget else 0
+
+    # Every block width from the PSUM group's columns down, halving, with the most K tiles
+    # that fit, is costed (tiling_cost). Narrower blocks refetch the stationary data once
+    # more per block; cutting K into parts refetches the moving block once more per M
+    # tile, which costs far more when there are many M tiles. A block whose K tiles fit
+    # once but not twice may keep one moving slot, refilled a K tile at a time behind the
+    # last M tile's matmuls.
+    candidates = []             # (cycles, bytes, dma_bound, -width, buffers, width, kts)
+    w = min(columns, banks_per_group * chunk)
+
+    def consider(w, kts, buffers):
+        cost = tiling_cost(cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
+                            width=w, kts=kts, element=element, mx=mx,
+                            moving_from_hbm=moving_from_hbm, staging_out=staging_out,
+                            moving_buffers=buffers)
+        candidates.append((*cost, -w, buffers, w, kts))
+
+    while True:
+        kts = fitting_kts(w)
+        if kts:
+            consider(w, kts, 2)
+        if moving_from_hbm and kts < k_tiles and need(k_tiles, w, buffers=1) <= budget:
+            consider(w, k_tiles, 1)
+        if w == 1:
+            break
+        w = max(1, w // 2)
+    if not candidates:
+        raise KernelError(
+            f"sbuf_bytes_per_partition={budget}: too small for this kernel even with "
+            f"one column per block and one K tile per step (needs "
+            f"{need(1, 1)} bytes per partition)")
+    # Within 2% of the fewest cycles (about the estimate's precision), the fewest bytes;
+    # then the widest, with two slots rather than one.
+    fastest = min(candidate[0] for candidate in candidates)
+    _, _, dma_bound, _, buffers, width, kts = min(
+        candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[5], -c[4]))
+    # Stationary tiles of several M tiles per descriptor, when K is not cut into parts (else
+    # each part's tiles are needed at another step): as many as fill a bus word when one M
+    # tile's row is narrower (rows of whole words, none half empty); up to MAX_M_BLOCK when
+    # the DMA is the bottleneck (fewer descriptors, each with its start-up). No more where
+    # the tensor engine is: a larger fetch lands in one step's shadow and holds it up.
+    mb = 1
+    fill = -(-cfg.dma_bus_bytes // (P * element))
+    if dma_bound:
+        fill = MAX_M_BLOCK
+    if kts >= k_tiles:
+        while mb < min(m_tiles, MAX_M_BLOCK, fill) and need(kts, width, mb + 1,
+                                                           buffers) <= budget:
+            mb += 1
+    return width, kts, mb, buffers
+
+
+class Schedule:
+    """Tiles, sizes and the emission of a list of layers over column blocks."""
+
+    def __init__(self, kernel: Kernel, *, columns, k_tiles, m_tiles, moving_from_hbm,
+                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False):
+        """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
+        ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
+        per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
+        per block (MLP hidden), x 2; ``element``: bytes of an input column (its format's
+        ``column_bytes``); ``mx``: an MX format, whose scale slots (one byte per column and
+        K tile, double-buffered like the element slots) count in the SBUF budget."""
+        self.k = kernel
+        cfg = kernel.config
+        self.cfg = cfg
+        self.P = cfg.pe_cols
+        self.chunk = cfg.moving_max
+        self.groups = 2 if cfg.psum_banks >= 2 else 1
+        self.banks_per_group = max(1, cfg.psum_banks // 2)
+        width, kts, mb, buffers = schedule_shape(
+            cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
+            moving_from_hbm=moving_from_hbm, staging_out=staging_out, fixed_bytes=fixed_bytes,
+            resident_tiles=resident_tiles, element=element, mx=mx)
+        self.width, self.kts, self.m_block = width, kts, mb
+        # One moving slot: a new block's moving data is fetched a K tile at a time, each
+        # after the last M tile's matmuls of that K tile (emitted after them, run()).
+        self.rolling = buffers == 1
+        self.element = element
+        self.a_stride = mb * self.P * element    # bytes of one K tile in a stationary slot
+        self.b_stride = width * element          # bytes of one K tile in a moving slot
+        self.blocks = [(n0, min(width, columns - n0)) for n0 in range(0, columns, width)]
+        k = kernel
+        self.a_slots = [k.sbuf(cfg.sbuf_partitions, kts * self.a_stride) for _ in range(2)]
+        self.b_slots = ([k.sbuf(cfg.sbuf_partitions, kts * self.b_stride)
+                         for _ in range(buffers)] if moving_from_hbm else [])
+        self.staging = ([k.sbuf(self.P, width * staging_out) for _ in range(2)]
+                        if staging_out else [])
+        # MX: the scales of the slots above, block b of each K tile (pe_rows rows) in
+        # partition b.
+        scale_parts = numerics.mx_blocks(cfg) if mx else 0
+        self.a_scale_slots = ([k.sbuf(scale_parts, kts * mb * self.P) for _ in range(2)]
+                              if mx else [])
+        self.b_scale_slots = ([k.sbuf(scale_parts, kts * width) for _ in range(buffers)]
+                              if mx and moving_from_hbm else [])
+        self.psum = [[k.psum(cfg.psum_bank_entries, bank=g * self.banks_per_group + c)
+                      for c in range(self.banks_per_group)] for g in range(self.groups)]
+        self.a_count = self.b_count = self.stage_count = self.group_count = 0
+        self.a_key = self.b_key = None
+
+    def steps(self, layer, block):
+        n0, width = self.blocks[block]
+        kt = layer.k_tiles
+        parts = [(k0, min(kt, k0 + self.kts)) for k0 in range(0, kt, self.kts)]
+        for mt in range(layer.m_tiles):
+            for i, (k0, k1) in enumerate(parts):
+                yield Step(layer, block, n0, width, mt, k0, k1, i == 0, i == len(parts) - 1)
+
+    # -- emission -------------------------------------------------------------------------------
+
+    def run(self, steps):
+        """Emit ``steps``, each step's loads one step ahead of its compute (with one moving
+        slot, a new block's moving data right after the compute of the step before it)."""
+        steps = list(steps)
+        if steps:
+            self._prefetch(steps[0])
+        for i, step in enumerate(steps):
+            following = steps[i + 1] if i + 1 < len(steps) else None
+            refill = (following is not None and self.rolling
+                      and following.layer.moving is not None
+                      and self._moving_key(following) != self.b_key)
+            if refill:
+                self._fetch_stationary(following)
+            elif following is not None:
+                self._prefetch(following)
+            self._compute(step)
+            if refill:
+                self._fetch_moving(following, per_k_tile=True)
+            if step.last:
+                self._epilogue(step)
+
+    def _rows_3d(self, tensor, r0, r1, c0, cols, tile, kt_bytes, R, at=0):
+        """DMA ``tensor[r0:r1, c0:c0+cols]`` into ``tile``: row ``r`` to partition
+        ``(r - r0) % R``, bytes ``at + ((r - r0) // R) * kt_bytes`` on: one descriptor for
+        the full K tiles, one for a partial last one."""
+        full = (r1 - r0) // R
+        rb, e = tensor.row_bytes, tensor.itemsize
+        if full:
+            self.k.dma_pattern(Pattern(tile, offset=at, stride2=kt_bytes, pstep1=1),
+                               Pattern(tensor, offset=r0 * rb + c0 * e, stride1=rb,
+                                       stride2=R * rb),
+                               n0=cols, n1=R, n2=full, elem_bytes=e)
+        rest = (r1 - r0) - full * R
+        if rest:
+            self.k.dma_pattern(Pattern(tile, offset=at + full * kt_bytes, pstep1=1),
+                               Pattern(tensor, offset=(r0 + full * R) * rb + c0 * e,
+                                       stride1=rb),
+                               n0=cols, n1=rest, elem_bytes=e)
+
+    def _prefetch(self, step):
+        self._fetch_moving(step)
+        self._fetch_stationary(step)
+
+    @staticmethod
+    def _moving_key(step):
+        return (id(step.layer), step.block, step.kt0)
+
+    def _fetch_moving(self, step, per_k_tile=False):
+        """The moving block of ``step`` into the next moving slot, unless it is there: one
+        descriptor for its K tiles, or (``per_k_tile``) one per K tile, so that each waits
+        only for the matmuls that read that K tile of the slot."""
+        layer = step.layer
+        R = layer.kt_rows
+        if layer.moving is None:
+            step.moving = (layer.resident[step.block % len(layer.resident)],
+                           step.kt0 * self.b_stride)
+            step.moving_scales = layer.resident_scales
+            return
+        key = self._moving_key(step)
+        if key != self.b_key:
+            tile = self.b_slots[self.b_count % len(self.b_slots)]
+            scale_tile = (self.b_scale_slots[self.b_count % len(self.b_slots)]
+                          if layer.mx else None)
+            self.b_count += 1
+            self.b_key = key
+            parts = ([(kt, kt + 1) for kt in range(step.kt0, step.kt1)] if per_k_tile
+                     else [(step.kt0, step.kt1)])
+            for kt0, kt1 in parts:
+                self._rows_3d(layer.moving, kt0 * R, min(layer.K, kt1 * R),
+                              step.n0 * layer.rate, step.width * layer.rate, tile,
+                              self.b_stride, R, at=(kt0 - step.kt0) * self.b_stride)
+                if layer.mx:
+                    Bt = layer.scale_rows
+                    self._rows_3d(layer.moving_scales, kt0 * Bt, kt1 * Bt, step.n0,
+                                  step.width, scale_tile, self.width, Bt,
+                                  at=(kt0 - step.kt0) * self.width)
+            self.b_tile, self.b_scale_tile = tile, scale_tile
+        step.moving = (self.b_tile, 0)
+        if layer.mx:
+            step.moving_scales = self.b_scale_tile
+
+    def _fetch_stationary(self, step):
+        layer = step.layer
+        R = layer.kt_rows
+        r0, r1 = step.kt0 * R, min(layer.K, step.kt1 * R)
+        mb = self.m_block
+        key = (id(layer), step.block, step.mt // mb, step.kt0)
+        if key != self.a_key:
+            self.a_key = key
+            self.a_tile = self.a_slots[self.a_count % 2]
+            self.a_count += 1
+            m0 = (step.mt // mb) * mb * self.P
+            cols = min(mb * self.P, layer.M - m0)
+            self._rows_3d(layer.a, r0, r1, m0 * layer.rate, cols * layer.rate, self.a_tile,
+                          self.a_stride, R)
+            if layer.mx:
+                self.a_scale_tile = self.a_scale_slots[(self.a_count - 1) % 2]
+                Bt = layer.scale_rows
+                self._rows_3d(layer.a_scales, step.kt0 * Bt, step.kt1 * Bt, m0, cols,
+                              self.a_scale_tile, mb * self.P, Bt)
+        step.a_slot = (self.a_tile, (step.mt % mb) * self.P * self.element)
+        if layer.mx:
+            step.a_scales = (self.a_scale_tile, (step.mt % mb) * self.P)
+
+    def _chunks(self, width):
+        return [(c0, min(self.chunk, width - c0)) for c0 in range(0, width, self.chunk)]
+
+    def _compute(self, step):
+        k, layer = self.k, step.layer
+        R = layer.kt_rows
+        mrows = min(self.P, layer.M - step.mt * self.P)
+        group = self.psum[self.group_count % self.groups]
+        tile, base = step.moving
+        a_tile, a_offset = step.a_slot
+        e = layer.size
+        for i, kt in enumerate(range(step.kt0, step.kt1)):
+            rows = min(R, layer.K - kt * R)
+            column = i * self.a_stride + a_offset
+            scales = moving_scales = None
+            if layer.mx:
+                # Blocks 0..nb-1 of this K tile (partitions), one byte per column.
+                nb = -(-rows // layer.block_rows)
+                s_tile, s_offset = step.a_scales
+                s_column = i * self.m_block * self.P + s_offset
+                scales = s_tile[0:nb, s_column:s_column + mrows]
+            k.load_stationary(a_tile[0:rows, column:column + mrows * e], dtype=layer.dtype,
+                              scales=scales)
+            offset = base + i * self.b_stride
+            for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
+                if layer.mx:
+                    # A slot holds K tile i's scales at i * width; unit scales (resident
+                    # moving data) serve every K tile and chunk from byte 0.
+                    c = 0 if layer.moving is None else i * self.width + c0
+                    moving_scales = step.moving_scales[0:nb, c:c + n]
+                k.matmul(bank[:, 0:n], tile[0:rows, offset + c0 * e:offset + (c0 + n) * e],
+                         accumulate=not (step.first and i == 0), scales=moving_scales)
+
+    def _epilogue(self, step):
+        k, layer = self.k, step.layer
+        group = self.psum[self.group_count % self.groups]
+        self.group_count += 1
+        size = layer.out_size
+        m0 = step.mt * self.P
+        mrows = min(self.P, layer.M - m0)
+        bias = None if layer.bias is None else layer.bias[:, 4 * step.mt:4 * step.mt + 4]
+        if isinstance(layer.dest, Tensor):
+            stage = self.staging[self.stage_count % 2]
+            self.stage_count += 1
+            dst, offset = stage, 0
+        else:
+            dst = layer.dest[step.block % len(layer.dest)]
+            offset = step.mt * self.b_stride       # hidden tile mt is K tile mt of layer 2
+        for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
+            k.activation(dst[:, offset + c0 * size:offset + (c0 + n) * size], bank[:, 0:n],
+                         function=layer.function, bias=bias, out=layer.out, **layer.scaling)
+        if isinstance(layer.dest, Tensor):
+            k.dma(layer.dest[m0:m0 + mrows, step.n0:step.n0 + step.width],
+                  stage[0:mrows, 0:step.width * size])
+
+    def load_bias(self, tensor):
+        """A tile with ``tensor[mt * P + p, 0]`` (int32 or FP32) at byte ``4 * mt`` of partition
+        ``p``: one descriptor for the full M tiles, one for a partial last one."""
+        k, P = self.k, self.P
+        M = tensor.shape[0]
+        tiles = -(-M // P)
+        tile = k.sbuf(self.cfg.sbuf_partitions, 4 * tiles)
+        full = M // P
+        if full:
+            k.dma_pattern(Pattern(tile, stride2=4, pstep1=1),
+                          Pattern(tensor, stride1=4, stride2=4 * P),
+                          n0=1, n1=P, n2=full, elem_bytes=4)
+        if M - full * P:
+            k.dma_pattern(Pattern(tile, offset=4 * full, pstep1=1),
+                          Pattern(tensor, offset=4 * full * P, stride1=4),
+                          n0=1, n1=M - full * P, elem_bytes=4)
+        return tile
