@@ -232,6 +232,25 @@ def test_run_text_report(argv, capsys):
 
 # -- opentrn project ---------------------------------------------------------------------------
 
+def test_run_model_reports_the_formats_peak_and_the_dma_engines_the_rtl_builds(capsys):
+    """On trn3 (MXFP8 4 MACs per PE a cycle, 16 DMA engines configured) the report's
+    utilization is against the format's peak, and it says that the RTL (and the model
+    following it) builds one DMA engine, which tiny's report does not need to say."""
+    argv = ["run", "gemm", "--preset", "trn3", "--dtype", "mxfp8e4m3", "--m", "128", "--k",
+            "512", "--n", "64", "--model"]      # K: one whole K tile of 128 rows x 4
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    counters = report["counters"]
+    assert report["utilization"] == counters["macs"] / (counters["cycles"] * 128 * 128 * 4)
+    assert report["utilization"] == counters["tensor_busy"] / counters["cycles"]
+    assert report["dma_engines_built"] == 1
+    assert main(argv) == 0
+    assert ("dma_engines=16: the RTL builds 1 DMA engine of 64 bytes a cycle"
+            in " ".join(capsys.readouterr().out.split()))
+    assert main(["run", "gemm", "--model"]) == 0
+    assert "dma_engines=" not in capsys.readouterr().out
+
+
 def test_project_peaks_text_and_json(capsys):
     assert main(["project", "--preset", "trn3", "--peaks"]) == 0
     out = capsys.readouterr().out

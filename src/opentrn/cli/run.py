@@ -154,9 +154,10 @@ def _run_kernel(args):
         "cycles": cycles,
         "macs": counters["macs"],
         "macs_per_cycle": counters["macs"] / cycles if cycles else None,
-        "peak_macs_per_cycle": cfg.peak_macs_per_cycle,
-        "utilization": counters["macs"] / (cycles * cfg.peak_macs_per_cycle) if cycles
+        "peak_macs_per_cycle": _peak(cfg, args.dtype),
+        "utilization": counters["macs"] / (cycles * _peak(cfg, args.dtype)) if cycles
         else None,
+        "dma_engines_built": _DMA_ENGINES_BUILT,
         "engine_busy": {"dma": counters["dma_busy"], "tensor": counters["tensor_busy"],
                         "activation": counters["activation_busy"]},
         "engine_wait": {"dma": counters["dma_wait"], "tensor": counters["tensor_wait"],
@@ -193,7 +194,7 @@ def _run_kernel(args):
         ]
         if cycles:
             rows.append(("MACs per cycle", f"{report['macs_per_cycle']:.2f} of "
-                                           f"{cfg.peak_macs_per_cycle} peak "
+                                           f"{report['peak_macs_per_cycle']} peak "
                                            f"({100 * report['utilization']:.1f}% utilization)"))
         rows += [(f"{engine} busy", share(value))
                  for engine, value in report["engine_busy"].items()]
@@ -209,6 +210,7 @@ def _run_kernel(args):
                  ("GTKWave", gtkw or (f"(none: {gtkw_error})" if gtkw_error else
                                       "(none: --waves FILE.vcd writes FILE.gtkw too)")),
                  *_timeline_rows(report),
+                 *_dma_engine_rows(cfg),
                  ("result", verdict)]
         print(key_value_table(rows))
     return 0 if report["passed"] else 1
@@ -265,7 +267,8 @@ def _model_kernel(args, cfg):
         "kernel": label, "preset": _preset_label(args), "model": "cycle model",
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}", "dtype": args.dtype,
         "counters": counters,
-        "utilization": counters["macs"] / (cycles * cfg.peak_macs_per_cycle),
+        "utilization": counters["macs"] / (cycles * _peak(cfg, args.dtype)),
+        "dma_engines_built": _DMA_ENGINES_BUILT,
         **_write_timeline(args, cfg, timeline_, label, "the cycle model"),
     }
     if args.json:
@@ -280,8 +283,28 @@ def _model_kernel(args, cfg):
                                 f"({100 * counters[f'{engine}_busy'] / cycles:.1f}%)")
              for engine in ("dma", "tensor", "activation")]
     rows += _timeline_rows(report)
+    rows += _dma_engine_rows(cfg)
     print(key_value_table(rows))
     return 0
+
+
+#: DMA engines the core RTL builds (and the cycle model, which follows it), whatever the
+#: configuration's ``dma_engines``, which only the projection's fast path uses.
+_DMA_ENGINES_BUILT = 1
+
+
+def _peak(cfg, dtype):
+    """MACs per cycle of the array at full occupancy in ``dtype``."""
+    return cfg.peak_macs_per_cycle * cfg.macs_per_pe_cycle(dtype)
+
+
+def _dma_engine_rows(cfg):
+    """A report row when the configuration asks for more DMA engines than the RTL builds."""
+    if cfg.dma_engines <= _DMA_ENGINES_BUILT:
+        return []
+    return [("note", f"dma_engines={cfg.dma_engines}: the RTL builds {_DMA_ENGINES_BUILT} DMA "
+                     f"engine of {cfg.dma_bus_bytes} bytes a cycle (the cycle model follows "
+                     "it); only opentrn project models the configured engines")]
 
 
 def _check_waves(sim, waves, scope):
