@@ -6,12 +6,13 @@
 2. Fast path (``cycle_model.gemm``) vs ``predict`` on GEMM shapes both run: the core
    benchmark's shapes, then ``--shapes`` seeded random shapes per preset and format (K = 1,
    K much larger than M and N, sizes just past a tile, a PSUM bank or the SBUF's K tiles,
-   and log-uniform ones).
+   and log-uniform ones); and ``--trainium-shapes`` random shapes per format on ``trn3``
+   with the one DMA engine the RTL builds.
 3. Speed: ``predict``'s cycles per second; the fast path on an 8192^3 GEMM of a ``trn3``
    core; a sweep of 1,000 configurations.
 
     python benchmarks/cycle_model_accuracy.py [--presets tiny,small] [--random 40]
-        [--shapes 300] [--skip-rtl] [--json]
+        [--shapes 300] [--trainium-shapes 0] [--skip-rtl] [--json]
 
 Markdown tables on stdout (docs/performance.md), progress on stderr.
 """
@@ -137,6 +138,32 @@ def fast_path_accuracy(presets, random_count):
     return rows
 
 
+def trainium_accuracy(count):
+    """The fast path against predict() at Trainium size: ``count`` random shapes per format
+    on ``trn3`` with the one DMA engine the RTL builds (``dma_engines=1``: the exact model
+    follows the RTL, so it can check the fast path only there)."""
+    cfg = config.resolve("trn3", overrides=["dma_engines=1"])
+    rng = np.random.default_rng(11)
+    rows = []
+
+    def spread(low, high):
+        return int(np.exp(rng.uniform(np.log(low), np.log(high))))
+
+    for dtype in ("bf16", "fp8e4m3", "mxfp8e4m3"):
+        for index in range(count):
+            k = 128 * cfg.macs_per_pe_cycle(dtype) if index % 4 == 0 else spread(1, 2048)
+            shape = (spread(64, 2048), k, spread(64, 2048))
+            program = gemm_program(cfg, shape, dtype, rng)
+            exact = cycle_model.predict(program)["cycles"]
+            fast = cycle_model.gemm(cfg, *shape, dtype=dtype).cycles
+            rows.append({"preset": "trn3, dma_engines=1", "format": dtype, "shapes": "random",
+                         "gemm": "x".join(map(str, shape)), "model_cycles": exact,
+                         "fast_cycles": fast,
+                         "error": f"{100 * (fast - exact) / exact:+.1f}%"})
+        log(f"fast path trn3 (one DMA engine) {dtype}: {count} shapes")
+    return rows
+
+
 def fast_path_summary(rows):
     """Per preset and format: the fast path's largest difference from predict() on the
     shapes of at least 5,000 cycles and on the shorter ones, and how many exceed the bounds
@@ -191,6 +218,8 @@ def main():
     parser.add_argument("--sim", default="verilator")
     parser.add_argument("--shapes", type=int, default=300,
                         help="random GEMM shapes per preset and format for the fast path")
+    parser.add_argument("--trainium-shapes", type=int, default=0,
+                        help="random GEMM shapes per format on trn3 with one DMA engine")
     parser.add_argument("--skip-rtl", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -214,7 +243,8 @@ def main():
                     r["model_cycles_per_s"] for r in rows if r["rtl_cycles"] >= 5000)
                     for f in (min, max))),
             })
-    result["fast_path"] = fast_path_accuracy(presets, args.shapes)
+    result["fast_path"] = (fast_path_accuracy(presets, args.shapes)
+                           + trainium_accuracy(args.trainium_shapes))
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
     result["speed"] = speed()
     if args.json:

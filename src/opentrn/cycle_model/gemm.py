@@ -38,12 +38,13 @@ MAX_GEMM_STEPS = 2_000_000
 
 def gemm(config, m, k, n, *, dtype="int8"):
     """The cycles of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``, results in
-    int32 or FP32, HBM to HBM) on one core, without building the program: the kernel's
-    steps (docs/kernels.md, "The schedule") each cost the larger of the tensor engine's time
-    and the DMA's time for the descriptors that overlap it (the next step's prefetch and
-    the previous step's store), plus the first prefetch and the last step's drain,
-    activation and store. For workloads too large for :func:`predict`; the tests bound its
-    difference from :func:`predict` (docs/performance.md)."""
+    int32 or FP32, HBM to HBM) on one core, without building the program, from the kernel's
+    steps (docs/kernels.md, "The schedule"): the larger of their throughput (each step the
+    larger of the tensor engine's time and the DMA's for the descriptors that overlap it,
+    plus the first prefetch and the last step's drain, activation and store) and their
+    latency (the engines in program order with the kernel's waits). For workloads too
+    large for :func:`predict`; the tests bound its difference from :func:`predict`
+    (docs/performance.md)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
@@ -112,12 +113,14 @@ def gemm(config, m, k, n, *, dtype="int8"):
     acts = []                   # activation cycles of each step's epilogue
     fetch_beats = []            # cycles of the read channel the step's instructions take
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
+    new_slots = []              # (a new stationary slot, a new moving slot) of each step
     b_key = a_key = None
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
         full_rows = rows_in(k0, k1)
         cost = 0.0
         key = (n0, k0)
         trail.append(0.0)
+        new_slots.append(((n0, mt // mb, k0) != a_key, key != b_key))
         if key != b_key:                 # the moving block of these K tiles
             if buffers == 1 and b_key is not None:
                 # One moving slot: refilled a K tile at a time behind the matmuls of the
@@ -150,19 +153,69 @@ def gemm(config, m, k, n, *, dtype="int8"):
             stores.append(0)
             acts.append(0)
 
-    # Overlap: step i computes while the DMA fetches step i + 1 and stores step i - 1, and the
-    # activation engine drains step i - 1.
     count = len(steps)
     # At start each sequencer fetches two bursts ahead; the first data follows them.
     burst_beats = FETCH_BUFFER_BYTES // W // 2
-    total = fetches[0] + 2 * len(Engine) * burst_beats * word_cycles + HBM_READ_CYCLES + issue
-    for i in range(count):
-        dma_side = ((fetches[i + 1] if i + 1 < count else 0) + (stores[i - 1] if i else 0)
-                    + fetch_beats[i])
-        act_side = acts[i - 1] if i else 0
-        total += max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), dma_side, act_side)
+    start = 2 * len(Engine) * burst_beats * word_cycles + HBM_READ_CYCLES + issue
     drain = K + P - 1 + config.pe_multiply_stages + 2   # the last results into the PSUM
-    total += drain + acts[-1] + stores[-1]
+
+    # Throughput: step i computes while the DMA fetches step i + 1 and stores step i - 1
+    # (the DMA engine's time; its reads share the read channel with the instruction
+    # fetches, its stores go out on the write channel), and the activation engine drains
+    # step i - 1.
+    throughput = fetches[0] + start
+    for i in range(count):
+        ahead = fetches[i + 1] if i + 1 < count else 0
+        dma_side = max(ahead + (stores[i - 1] if i else 0), ahead + fetch_beats[i])
+        act_side = acts[i - 1] if i else 0
+        throughput += max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), dma_side,
+                          act_side)
+    throughput += drain + acts[-1] + stores[-1]
+
+    # Latency: the engines in program order with the waits the kernel places (docs/kernels.md,
+    # "The schedule"). The DMA stream prefetches step i + 1, then stores step i; a prefetch
+    # waits for the matmuls of the step that last read its slot; a step's matmuls wait for
+    # their tiles and, opening a PSUM group, for the activation two epilogues back; an
+    # activation waits for its matmuls' results and for the store two epilogues back (its
+    # staging tile). Short steps with an epilogue each are bound by this chain, not by
+    # throughput.
+    tensor_end = [0.0] * count
+    fetched = [0.0] * count
+    users = ([], [])            # the steps that fetched into each slot kind, in order
+    epilogues = []              # (activation end, store end)
+    dma_free = start
+
+    def prefetch(i, after=0.0):
+        nonlocal dma_free
+        ready = max(dma_free, after)
+        for fetches_into, slot_users in zip(new_slots[i], users, strict=True):
+            if fetches_into:
+                if len(slot_users) >= 2:
+                    ready = max(ready, tensor_end[slot_users[-2]])
+                slot_users.append(i)
+        dma_free = fetched[i] = ready + fetches[i]
+
+    prefetch(0)
+    tensor_free = act_free = 0.0
+    for i in range(count):
+        refill = i + 1 < count and trail[i + 1] > 0
+        if i + 1 < count and not refill:
+            prefetch(i + 1)
+        k0, last = steps[i][5], steps[i][7]
+        begin = max(tensor_free, fetched[i])
+        if k0 == 0 and len(epilogues) >= 2:
+            begin = max(begin, epilogues[-2][0])
+        tensor_free = tensor_end[i] = begin + tensor[i]
+        if refill:              # all but its last K tile overlap the matmuls before it
+            prefetch(i + 1, after=tensor_end[i] - fetches[i + 1] + trail[i + 1])
+        if last:
+            act_begin = max(act_free, tensor_end[i] + drain)
+            if len(epilogues) >= 2:
+                act_begin = max(act_begin, epilogues[-2][1])
+            act_free = act_begin + acts[i]
+            dma_free = max(dma_free, act_free) + stores[i]
+            epilogues.append((act_free, dma_free))
+    total = max(throughput, dma_free)
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
     # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
     return Estimate(m=m, k=k, n=n, dtype=dtype, cycles=round(total), tensor_busy=vectors,
