@@ -132,7 +132,7 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     tensor = m_tiles * k_tiles * (
         (columns // width) * max(width, K + P)
         + (max(columns % width, K + P) if columns % width else 0))
-    # The first step waits for its tiles: all of its K tiles of moving data.
+    # The first step waits for its tiles: all of its K tiles, stationary and moving.
     tensor += kts * K * element * (P + (min(width, columns) if moving_from_hbm else 0)) \
         / bandwidth
     if moving_buffers == 1 and blocks > 1:
