@@ -117,6 +117,15 @@ def random_shapes(cfg, dtype, count, rng):
     return shapes
 
 
+def compare(cfg, label, dtype, shape, kind, rng):
+    """One row: the fast path's cycles against predict()'s for a GEMM of ``shape``."""
+    exact = cycle_model.predict(gemm_program(cfg, shape, dtype, rng))["cycles"]
+    fast = cycle_model.gemm(cfg, *shape, dtype=dtype).cycles
+    return {"preset": label, "format": dtype, "shapes": kind,
+            "gemm": "x".join(map(str, shape)), "model_cycles": exact, "fast_cycles": fast,
+            "error": f"{100 * (fast - exact) / exact:+.1f}%"}
+
+
 def fast_path_accuracy(presets, random_count):
     rows = []
     for name in presets:
@@ -126,14 +135,7 @@ def fast_path_accuracy(presets, random_count):
             shapes = [(shape, "table") for shape in SHAPES]
             shapes += [(shape, "random") for shape in random_shapes(cfg, dtype, random_count,
                                                                   rng)]
-            for shape, kind in shapes:
-                program = gemm_program(cfg, shape, dtype, rng)
-                exact = cycle_model.predict(program)["cycles"]
-                fast = cycle_model.gemm(cfg, *shape, dtype=dtype).cycles
-                rows.append({"preset": name, "format": dtype, "shapes": kind,
-                             "gemm": "x".join(map(str, shape)), "model_cycles": exact,
-                             "fast_cycles": fast,
-                             "error": f"{100 * (fast - exact) / exact:+.1f}%"})
+            rows += [compare(cfg, name, dtype, shape, kind, rng) for shape, kind in shapes]
             log(f"fast path {name} {dtype}: {len(shapes)} shapes")
     return rows
 
@@ -153,13 +155,7 @@ def trainium_accuracy(count):
         for index in range(count):
             k = 128 * cfg.macs_per_pe_cycle(dtype) if index % 4 == 0 else spread(1, 2048)
             shape = (spread(64, 2048), k, spread(64, 2048))
-            program = gemm_program(cfg, shape, dtype, rng)
-            exact = cycle_model.predict(program)["cycles"]
-            fast = cycle_model.gemm(cfg, *shape, dtype=dtype).cycles
-            rows.append({"preset": "trn3, dma_engines=1", "format": dtype, "shapes": "random",
-                         "gemm": "x".join(map(str, shape)), "model_cycles": exact,
-                         "fast_cycles": fast,
-                         "error": f"{100 * (fast - exact) / exact:+.1f}%"})
+            rows.append(compare(cfg, "trn3, dma_engines=1", dtype, shape, "random", rng))
         log(f"fast path trn3 (one DMA engine) {dtype}: {count} shapes")
     return rows
 

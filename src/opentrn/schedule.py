@@ -109,6 +109,7 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     K, P, chunk = cfg.pe_rows, cfg.pe_cols, cfg.moving_max
     bandwidth = dma_bytes_per_cycle(cfg)
     blocks = -(-columns // width)
+    block = min(width, columns)         # columns of a full block
     parts = -(-k_tiles // kts)
     refetch_moving = m_tiles if parts > 1 else 1
     # Per K tile: the stationary (and its scales) once per block, the moving block once, or
@@ -128,16 +129,15 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     matmuls = m_tiles * k_tiles * -(-columns // chunk) if width >= chunk else loads
     # Two instruction words per DMA descriptor, one per load and matmul.
     fetch = (loads + matmuls + 2 * descriptors) * isa.WORD_BYTES
-    per_k_tile = max(min(width, columns), K + P)
+    per_k_tile = max(block, K + P)
     tensor = m_tiles * k_tiles * (
         (columns // width) * max(width, K + P)
         + (max(columns % width, K + P) if columns % width else 0))
     # The first step waits for its tiles: all of its K tiles, stationary and moving.
-    tensor += kts * K * element * (P + (min(width, columns) if moving_from_hbm else 0)) \
-        / bandwidth
+    tensor += kts * K * element * (P + (block if moving_from_hbm else 0)) / bandwidth
     if moving_buffers == 1 and blocks > 1:
         refill = (DMA_READ_OVERHEAD * with_scales + (
-            K * min(width, columns) * element + scale_rows * min(width, columns)
+            K * block * element + scale_rows * block
             + 2 * with_scales * isa.WORD_BYTES) / bandwidth)
         tensor += (blocks - 1) * max(refill, k_tiles * (refill - per_k_tile))
     dma = (hbm + fetch) / bandwidth + descriptors * DMA_READ_OVERHEAD
@@ -183,7 +183,7 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
     # tile, which costs far more when there are many M tiles. A block whose K tiles fit
     # once but not twice may keep one moving slot, refilled a K tile at a time behind the
     # last M tile's matmuls.
-    candidates = []             # (cycles, bytes, dma_bound, -width, buffers, width, kts)
+    candidates = []             # (cycles, bytes, dma_bound, buffers, width, kts)
     w = min(columns, banks_per_group * chunk)
 
     def consider(w, kts, buffers):
@@ -191,7 +191,7 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
                             width=w, kts=kts, element=element, mx=mx,
                             moving_from_hbm=moving_from_hbm, staging_out=staging_out,
                             moving_buffers=buffers)
-        candidates.append((*cost, -w, buffers, w, kts))
+        candidates.append((*cost, buffers, w, kts))
 
     while True:
         kts = fitting_kts(w)
@@ -210,8 +210,8 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
     # Within 2% of the fewest cycles (about the estimate's precision), the fewest bytes;
     # then the widest, with two slots rather than one.
     fastest = min(candidate[0] for candidate in candidates)
-    _, _, dma_bound, _, buffers, width, kts = min(
-        candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[5], -c[4]))
+    _, _, dma_bound, buffers, width, kts = min(
+        candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[4], -c[3]))
     # Stationary tiles of several M tiles per descriptor, when K is not cut into parts (else
     # each part's tiles are needed at another step): as many as fill a bus word when one M
     # tile's row is narrower (rows of whole words, none half empty); up to MAX_M_BLOCK when

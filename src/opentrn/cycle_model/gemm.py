@@ -118,10 +118,10 @@ def gemm(config, m, k, n, *, dtype="int8"):
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
         full_rows = rows_in(k0, k1)
         cost = 0.0
-        key = (n0, k0)
+        a_new, b_new = (n0, mt // mb, k0) != a_key, (n0, k0) != b_key
+        new_slots.append((a_new, b_new))
         trail.append(0.0)
-        new_slots.append(((n0, mt // mb, k0) != a_key, key != b_key))
-        if key != b_key:                 # the moving block of these K tiles
+        if b_new:                        # the moving block of these K tiles
             if buffers == 1 and b_key is not None:
                 # One moving slot: refilled a K tile at a time behind the matmuls of the
                 # step before, which wait for none of it but the last K tile's.
@@ -130,10 +130,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
                     cost += trail[-1]
             else:
                 cost += tile_fetch(full_rows, k1 - k0, w)
-            b_key = key
-        key = (n0, mt // mb, k0)
-        if key != a_key:                 # the stationary tiles of mb M tiles
-            a_key = key
+            b_key = (n0, k0)
+        if a_new:                        # the stationary tiles of mb M tiles
+            a_key = (n0, mt // mb, k0)
             cost += tile_fetch(full_rows, k1 - k0, min(mb * P, m - (mt // mb) * mb * P))
         dma_busy += cost
         fetches.append(cost)
