@@ -54,10 +54,13 @@ class ProcessingElementArray:
                 "psum_out": self.psum[-1, :] & mask}
 
     def clock(self, *, enable, x_in, bank_in, format_in, psum_in, weight_we, weight_bank,
-              weight_data, x_scale_in=None, weight_scale=None):
+              weight_data, weight_column=None, x_scale_in=None, weight_scale=None):
         """One edge. Per-row inputs are sequences of ``rows`` values, per-column ones of
-        ``cols``; ``weight_we`` is a sequence of ``cols`` bits."""
+        ``cols``; the weight write is per row: row ``k`` writes ``weight_data[k]`` (and
+        ``weight_scale[k]``) into bank ``weight_bank[k]`` of column ``weight_column[k]``
+        (0 without it) when ``weight_we[k]``."""
         rows, cols = self.rows, self.cols
+        weight_column = [0] * rows if weight_column is None else weight_column
         x_scale_in = [0] * rows if x_scale_in is None else x_scale_in
         weight_scale = [0] * rows if weight_scale is None else weight_scale
         # What each PE sees this cycle: its left neighbour's registers (or the row input).
@@ -88,7 +91,7 @@ class ProcessingElementArray:
             self.x, self.bank, self.format, self.x_scale = (
                 left["x"], left["bank"], left["format"], left["x_scale"])
             self.psum = psum
-        for c in range(cols):
-            if weight_we[c]:
-                self.weights[weight_bank, :, c] = weight_data
-                self.weight_scales[weight_bank, :, c] = weight_scale
+        for r in range(rows):
+            if weight_we[r]:
+                self.weights[weight_bank[r], r, weight_column[r]] = weight_data[r]
+                self.weight_scales[weight_bank[r], r, weight_column[r]] = weight_scale[r]

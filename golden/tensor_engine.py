@@ -260,13 +260,17 @@ def load_cycles(config):
 
 
 def reload_guard(config):
-    """Cycles from a swap to the first beat of the next load into the retired bank: ``K``."""
-    return config.pe_rows
+    """Cycles from a swap to the first beat of the next load into the retired bank: ``K``,
+    or 1 with ``config.fast_weight_load`` (the load's rows are written skewed, behind the
+    retired tile's last vector)."""
+    return 1 if config.fast_weight_load else config.pe_rows
 
 
 def issue_interval(config, n, *, fresh):
     """Steady-state cycles between the starts of back-to-back matmuls of ``n`` vectors:
-    ``max(N, K + M)`` when each takes a fresh stationary tile, ``N`` when it reuses one."""
+    ``max(N, G + M)`` when each takes a fresh stationary tile (``G`` =
+    :func:`reload_guard`: ``K + M``, or ``M + 1`` with ``fast_weight_load``), ``N`` when it
+    reuses one."""
     if fresh:
         return max(n, reload_guard(config) + load_cycles(config))
     return n
@@ -309,7 +313,7 @@ def schedule(config, program):
     beats as early as possible and the result stream is always ready."""
     if not program or program[0].stationary is None:
         raise ValueError("the first matmul of a program must load a stationary tile")
-    k_rows, lat = config.pe_rows, latency(config)
+    guard, lat = reload_guard(config), latency(config)
     load_starts, starts, results = [], [], []
     previous_swap = None
     next_free = 0                          # first cycle the moving stream is free
@@ -317,7 +321,7 @@ def schedule(config, program):
         n = np.asarray(op.moving).shape[1]
         start = next_free
         if op.stationary is not None:
-            load_start = 0 if previous_swap is None else previous_swap + k_rows
+            load_start = 0 if previous_swap is None else previous_swap + guard
             load_starts.append(load_start)
             start = max(start, load_start + load_cycles(config))
             previous_swap = start

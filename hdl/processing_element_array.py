@@ -4,6 +4,7 @@ half the size, down to single processing elements."""
 from amaranth import Module, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from opentrn import numerics
 
@@ -55,10 +56,14 @@ class ProcessingElementArray(wiring.Component):
         complement, or FP32 codes).
     psum_out : ``Out(unsigned(cols * acc_bits))``
         The bottom row's multiply-accumulates, registered.
-    weight_we : ``In(cols)``
-        Bit ``c``: write ``weight_data`` (and ``weight_scale``) into column ``c``'s bank
-        ``weight_bank`` this cycle.
-    weight_bank : ``In(1)``
+    weight_we : ``In(rows)``
+        Bit ``k``: write row ``k``'s field of ``weight_data`` (and ``weight_scale``) into
+        bank ``weight_bank[k]`` of row ``k``'s PE in column ``weight_column[k]`` this cycle.
+        Each row has its own write, so a load can be skewed row by row (the tensor engine
+        with ``fast_weight_load``) or written to every row at once.
+    weight_bank : ``In(rows)``
+    weight_column : ``In(unsigned(rows * log2(cols)))`` (only with ``cols > 1``)
+        Each row's column to write (its most significant bit picks ``right``).
     weight_data : ``In(unsigned(rows * in_bits))``
         Each row's element of the stationary column being loaded.
 
@@ -100,10 +105,12 @@ class ProcessingElementArray(wiring.Component):
         members.update({
             "psum_in": In(unsigned(cols * acc_bits)),
             "psum_out": Out(unsigned(cols * acc_bits)),
-            "weight_we": In(cols),
-            "weight_bank": In(1),
+            "weight_we": In(rows),
+            "weight_bank": In(rows),
             "weight_data": In(unsigned(rows * in_bits)),
         })
+        if cols > 1:                # no port of 0 bits: Verilog has no such thing
+            members["weight_column"] = In(unsigned(rows * exact_log2(cols)))
         if self._mx:
             members["weight_scale"] = In(unsigned(rows * numerics.E8M0_BITS))
         super().__init__(members)
@@ -131,7 +138,8 @@ class ProcessingElementArray(wiring.Component):
         psum_bits = half["cols"] * acc_bits
         in_bits = self._pe_args["in_bits"]
         m.d.comb += [part.enable.eq(self.enable) for part in parts]
-        m.d.comb += [part.weight_bank.eq(self.weight_bank) for part in parts]
+        column_bits = exact_log2(cols)
+        part_column_bits = exact_log2(half["cols"])
         if split_rows:
             # Each half has its own rows: per-row members split; the partial sums go
             # through the upper half into the lower one.
@@ -146,8 +154,12 @@ class ProcessingElementArray(wiring.Component):
                     ]
                 m.d.comb += [
                     part.weight_data.eq(field(self.weight_data, index, half["rows"] * in_bits)),
-                    part.weight_we.eq(self.weight_we),
+                    part.weight_we.eq(field(self.weight_we, index, half["rows"])),
+                    part.weight_bank.eq(field(self.weight_bank, index, half["rows"])),
                 ]
+                if column_bits:
+                    m.d.comb += part.weight_column.eq(
+                        field(self.weight_column, index, half["rows"] * column_bits))
                 if self._mx:
                     m.d.comb += part.weight_scale.eq(
                         field(self.weight_scale, index, half["rows"] * numerics.E8M0_BITS))
@@ -162,13 +174,18 @@ class ProcessingElementArray(wiring.Component):
                     getattr(second, f"{name}_in").eq(getattr(first, f"{name}_out")),
                     getattr(self, f"{name}_out").eq(getattr(second, f"{name}_out")),
                 ]
+            # One row: the column's most significant bit picks the half that writes.
+            right = self.weight_column[column_bits - 1]
             for index, part in enumerate(parts):
                 m.d.comb += [
                     part.psum_in.eq(field(self.psum_in, index, psum_bits)),
                     field(self.psum_out, index, psum_bits).eq(part.psum_out),
-                    part.weight_we.eq(field(self.weight_we, index, half["cols"])),
+                    part.weight_we.eq(self.weight_we & (right if index else ~right)),
+                    part.weight_bank.eq(self.weight_bank),
                     part.weight_data.eq(self.weight_data),
                 ]
+                if part_column_bits:
+                    m.d.comb += part.weight_column.eq(self.weight_column[:part_column_bits])
                 if self._mx:
                     m.d.comb += part.weight_scale.eq(self.weight_scale)
         return m

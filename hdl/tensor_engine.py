@@ -112,10 +112,15 @@ class TensorEngine(wiring.Component):
     * a moving vector accepted in cycle ``c`` produces its result beat in cycle
       ``c + K + M - 1 + S`` (``S = config.pe_multiply_stages``, registers between the PEs'
       multipliers and adders), one vector per cycle;
-    * a load into the bank just retired by a ``swap`` starts ``K`` cycles after that swap
-      (the old tile's last vectors must have passed every row), so a stream of matmuls that
-      each take a fresh tile issues one every ``max(N, K + M)`` cycles; matmuls that reuse
-      a tile issue back to back.
+    * a load into the bank just retired by a ``swap`` starts ``G`` cycles after that swap
+      and the next swap waits for the whole load, so a stream of matmuls that each take a
+      fresh tile issues one every ``max(N, G + M)`` cycles; matmuls that reuse a tile issue
+      back to back. Without ``config.fast_weight_load``, ``G = K``: a beat writes its
+      column into every row at once, so the old tile's last vectors must have passed every
+      row first. With it, ``G = 1``: a beat's element of row ``k`` travels down row ``k``'s
+      skew line with the moving elements and is written ``k`` cycles after the beat, so the
+      load follows the old tile's last vector through the array one column behind it
+      (``max(N, M + 1)``: 129 cycles at 128x128 instead of 256).
 
     Back-pressure: when ``result.valid`` is high and ``result.ready`` low, the whole array
     stalls (its registers hold), so nothing is dropped or duplicated.
@@ -151,6 +156,7 @@ class TensorEngine(wiring.Component):
         m.d.comb += advance.eq(~self.result.valid | self.result.ready)
 
         # -- weight banks: the active one feeds matmuls, the other one takes loads ----------
+        fast = bool(cfg.fast_weight_load)
         load_bank = Signal()            # bank that loads write; the active bank is ~load_bank
         active_valid = Signal()         # a tile has been swapped in at least once
         pending = Signal()              # a complete tile waits in load_bank for a swap
@@ -171,15 +177,18 @@ class TensorEngine(wiring.Component):
         m.d.comb += vector_bank.eq(~load_bank ^ swap)
         with m.If(take & swap):
             # The old active bank becomes the load bank. Its last vector entered row 0 in
-            # the previous cycle at the latest and uses column c of row K-1 K-1+c cycles
-            # later; holding the next load back until K cycles after this one keeps every
-            # column write behind that vector (guard counts K-1 advances, then ready).
+            # the previous cycle at the latest and uses column c of row k k+c cycles later.
+            # A skewed load (fast) writes column c of row k k+c cycles after its first beat
+            # at the earliest: behind that vector. Otherwise every row is written at once,
+            # so holding the next load back until K cycles after this one keeps every column
+            # write behind that vector in row K-1 (guard counts K-1 advances, then ready).
             m.d.sync += [
                 load_bank.eq(~load_bank),
                 pending.eq(0),
                 active_valid.eq(1),
-                guard.eq(rows - 1),
             ]
+            if not fast:
+                m.d.sync += guard.eq(rows - 1)
         with m.Elif(advance & (guard != 0)):
             m.d.sync += guard.eq(guard - 1)
 
@@ -210,19 +219,17 @@ class TensorEngine(wiring.Component):
             return line.o
 
         # A vector's element of row k travels with its bank, format and (MX) the scale of
-        # row k's block: one line per row.
+        # row k's block: one line per row. With fast_weight_load the stationary beat's
+        # element of row k (its bank, column and scale) travels in the same line.
         blocks = mx_blocks(cfg)
         block_rows = mx_block_rows(cfg) if blocks else 0
-        weight_we = Signal(cols)
-        with m.If(load):
-            m.d.comb += weight_we.eq(1 << load_column)
-        m.d.comb += [
-            array.enable.eq(advance),
-            array.psum_in.eq(0),
-            array.weight_we.eq(weight_we),
-            array.weight_bank.eq(load_bank),
-            array.weight_data.eq(self.stationary.payload.data),
-        ]
+        m.d.comb += [array.enable.eq(advance), array.psum_in.eq(0)]
+        # Which rows' skewed beats are writes: a register chain with a reset, so that words
+        # left in the lines from before a reset never write a bank.
+        load_in_flight = Signal(max(rows - 1, 1))
+        if fast:
+            with m.If(advance):
+                m.d.sync += load_in_flight.eq(Cat(load, load_in_flight))
 
         def row_field(bus, row):
             """Row ``row``'s field of one of the array's flat per-row buses."""
@@ -233,21 +240,35 @@ class TensorEngine(wiring.Component):
             entering = [self.moving.payload.data[row], vector_bank, self.moving.payload.format]
             if blocks:
                 entering.append(self.moving.payload.scale[row // block_rows])
-            skewed = delay_line(f"skew_{row}", Cat(*entering), row, skew_index, rows)
-            fields = [len(Value.cast(value)) for value in entering]
+            writing = [self.stationary.payload.data[row], load_bank]
+            if cols > 1:
+                writing.append(load_column)
+            if blocks:
+                writing.append(self.stationary.payload.scale[row // block_rows])
+            lined = entering + writing if fast else entering
+            skewed = delay_line(f"skew_{row}", Cat(*lined), row, skew_index, rows)
+            fields = [len(Value.cast(value)) for value in lined]
             starts = [sum(fields[:i]) for i in range(len(fields))]
-            x, bank, fmt, *scale = (skewed[start:start + width]
-                                    for start, width in zip(starts, fields, strict=True))
+            fields_out = [skewed[start:start + width]
+                          for start, width in zip(starts, fields, strict=True)]
+            x, bank, fmt, *scale = fields_out[:len(entering)]
+            write = fields_out[len(entering):] if fast else [Value.cast(v) for v in writing]
+            weight_data, weight_bank, *column = write[:3 if cols > 1 else 2]
             m.d.comb += [
                 row_field(array.x_in, row).eq(x),
                 row_field(array.bank_in, row).eq(bank),
                 row_field(array.format_in, row).eq(fmt),
+                row_field(array.weight_we, row).eq(
+                    (load_in_flight[row - 1] if row else load) if fast else load),
+                row_field(array.weight_bank, row).eq(weight_bank),
+                row_field(array.weight_data, row).eq(weight_data),
             ]
+            if cols > 1:
+                m.d.comb += row_field(array.weight_column, row).eq(column[0])
             if blocks:
                 m.d.comb += [
                     row_field(array.x_scale_in, row).eq(scale[0]),
-                    row_field(array.weight_scale, row).eq(
-                        self.stationary.payload.scale[row // block_rows]),
+                    row_field(array.weight_scale, row).eq(write[-1]),
                 ]
 
         # -- de-skew and result ------------------------------------------------------------

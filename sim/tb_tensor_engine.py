@@ -577,10 +577,11 @@ async def test_random_backpressure(dut):
 @cocotb.test()
 async def test_back_to_back(dut):
     """Back-to-back matmuls of one N, cycle-exact. With a fresh tile every matmul and
-    N >= K + M, or with a reused tile, the background weight load keeps the moving stream
+    N >= G + M (``golden.reload_guard``: K + M, or M + 1 with ``fast_weight_load``; the
+    default N), or with a reused tile, the background weight load keeps the moving stream
     busy: not one idle cycle between matmuls."""
     config, _, _ = _settings()
-    n = harness.setting("n", config.pe_rows + config.pe_cols)
+    n = harness.setting("n", golden.reload_guard(config) + golden.load_cycles(config))
     await _back_to_back(dut, "back_to_back", config, min(n, config.moving_max),
                         fresh=harness.setting("fresh", 1) != 0,
                         count=harness.setting("matmuls", 24))

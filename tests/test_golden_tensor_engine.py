@@ -87,6 +87,18 @@ def test_schedule_steady_state_intervals():
     assert np.diff(reuse.starts).tolist() == [3] * 5
 
 
+def test_fast_weight_load_intervals():
+    """The skewed load starts the cycle after a swap: a fresh tile every max(N, M + 1)."""
+    cfg = config.preset("small").replace(fast_weight_load=1)
+    assert golden.reload_guard(cfg) == 1
+    assert golden.issue_interval(cfg, 2, fresh=True) == 9
+    assert golden.issue_interval(cfg, 12, fresh=True) == 12
+    fresh = golden.schedule(cfg, _program(cfg, [2] * 6, [True] * 6))
+    assert fresh.load_starts[1:] == [start + 1 for start in fresh.starts[:-1]]
+    assert np.diff(fresh.starts).tolist() == [9] * 5
+    assert golden.issue_interval(config.preset("trn3"), 64, fresh=True) == 129
+
+
 def test_schedule_needs_a_first_tile():
     with pytest.raises(ValueError, match="first matmul of a program must load"):
         golden.schedule(TINY, _program(TINY, [1], [False]))

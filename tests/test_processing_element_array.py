@@ -61,11 +61,14 @@ def test_block_against_the_golden_model(rows, cols, formats, macs):
                 "format_in": [numerics.data_format(f).code for f in fmts],
                 "psum_in": [int(c) for c in float_codes(nrng, "bf16", cols)]
                 if rng.random() < 0.5 else [rng.randrange(1 << 32) for _ in range(cols)],
-                "weight_we": [int(rng.random() < 0.3) for _ in range(cols)],
-                "weight_bank": rng.randrange(2),
+                # Each row writes its own column and bank (the tensor engine skews them).
+                "weight_we": [int(rng.random() < 0.3) for _ in range(rows)],
+                "weight_bank": [rng.randrange(2) for _ in range(rows)],
                 "weight_data": [_element(rng, nrng, rng.choice(formats), in_bits // 8)
                                 & ((1 << in_bits) - 1) for _ in range(rows)],
             }
+            if cols > 1:
+                inputs["weight_column"] = [rng.randrange(cols) for _ in range(rows)]
             if mx:
                 inputs["x_scale_in"] = [rng.choice((0, 1, 127, 120, 130, 254, 255))
                                         for _ in range(rows)]
@@ -73,7 +76,8 @@ def test_block_against_the_golden_model(rows, cols, formats, macs):
                                           for _ in range(rows)]
             seen["formats"] |= set(fmts)
             widths = {"x_in": in_bits, "bank_in": 1, "format_in": 3, "psum_in": 32,
-                      "weight_we": 1, "weight_data": in_bits, "x_scale_in": 8,
+                      "weight_we": 1, "weight_bank": 1, "weight_column": (cols - 1).bit_length(),
+                      "weight_data": in_bits, "x_scale_in": 8,
                       "weight_scale": 8}
             for name, value in inputs.items():
                 if isinstance(value, list):

@@ -404,11 +404,13 @@ def test_reused_tile_issues_back_to_back(n):
     assert _idle(stats["busy"]) == 0
 
 
+@pytest.mark.parametrize("fast", [0, 1])
 @pytest.mark.parametrize("n", [1, 4, 7])
-def test_fresh_tiles_short_matmuls_at_the_engine_interval(n):
-    """Below K + M vectors a fresh tile per matmul sets the pace: one matmul every
-    max(n, K + M) cycles (docs/performance.md), nothing slower."""
-    cfg = TINY
+def test_fresh_tiles_short_matmuls_at_the_engine_interval(n, fast):
+    """Below K + M vectors (M + 1 with the fast weight load) a fresh tile per matmul sets
+    the pace: one matmul every max(n, K + M) or max(n, M + 1) cycles (docs/performance.md),
+    nothing slower."""
+    cfg = TINY.replace(fast_weight_load=fast)
     count = 10
     program = []
     for i in range(count):

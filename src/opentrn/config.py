@@ -81,6 +81,14 @@ class Config:
         the engine's latency (an ACTIVATE retires ``n + 7 + activation_input_stages``
         cycles after it is handed over) and nothing of its throughput (the ``fpga`` preset
         has 1; docs/fpga.md, "Timing").
+    fast_weight_load : int
+        0 or 1: 1 writes each stationary column into the array's idle weight bank row by
+        row, skewed like the moving vectors (row ``k`` ``k`` cycles after row 0), so a load
+        follows the wavefront of the tile it replaces instead of waiting ``pe_rows`` cycles
+        for it to leave the array: back-to-back matmuls that each take a fresh tile issue
+        every ``max(N, pe_cols + 1)`` cycles instead of ``max(N, pe_rows + pe_cols)``
+        (docs/architecture.md, "Timing"). It costs a skew register per row for the
+        stationary column (as wide as the moving one). On in the ``trn2``/``trn3`` presets.
     acc_bits : int
         Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
         any float format is in ``dtypes``.
@@ -112,6 +120,7 @@ class Config:
     pe_macs_per_cycle: tuple = ()
     pe_multiply_stages: int = 0
     activation_input_stages: int = 0
+    fast_weight_load: int = 0
     acc_bits: int
     moving_max: int
     sbuf_partitions: int
@@ -184,6 +193,7 @@ class Config:
              "must be between 0 and 4")
         rule("activation_input_stages", 0 <= self.activation_input_stages <= 1,
              "must be 0 or 1")
+        rule("fast_weight_load", 0 <= self.fast_weight_load <= 1, "must be 0 or 1")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
              "(one matmul writes one PSUM bank)")
@@ -315,7 +325,8 @@ class Config:
 
 _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
-    "pe_multiply_stages": int, "activation_input_stages": int, "acc_bits": int, "moving_max": int,
+    "pe_multiply_stages": int, "activation_input_stages": int, "fast_weight_load": int,
+    "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,
     "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
@@ -378,6 +389,7 @@ def _trainium_core(core, chip, system, dtypes, pe_macs_per_cycle):
     return dict(
         pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtypes=dtypes,
         pe_macs_per_cycle=pe_macs_per_cycle, acc_bits=32,
+        fast_weight_load=1,                  # Trainium's fast weight load (the reference file)
         moving_max=psum_bank_entries,        # N <= 512: one PSUM bank [nki-arch]
         sbuf_partitions=core["pe_rows"],
         sbuf_bytes_per_partition=core["sbuf_kib_per_partition"] * _KiB,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opentrn import isa, numerics
+from opentrn.golden import tensor_engine
 from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
 
 __all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "schedule_shape", "tiling_cost"]
@@ -129,10 +130,11 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     matmuls = m_tiles * k_tiles * -(-columns // chunk) if width >= chunk else loads
     # Two instruction words per DMA descriptor, one per load and matmul.
     fetch = (loads + matmuls + 2 * descriptors) * isa.WORD_BYTES
-    per_k_tile = max(block, K + P)
+    fresh_tile = tensor_engine.issue_interval(cfg, 1, fresh=True)
+    per_k_tile = max(block, fresh_tile)
     tensor = m_tiles * k_tiles * (
-        (columns // width) * max(width, K + P)
-        + (max(columns % width, K + P) if columns % width else 0))
+        (columns // width) * max(width, fresh_tile)
+        + (max(columns % width, fresh_tile) if columns % width else 0))
     # The first step waits for its tiles: all of its K tiles, stationary and moving.
     tensor += kts * K * element * (P + (block if moving_from_hbm else 0)) / bandwidth
     if moving_buffers == 1 and blocks > 1:

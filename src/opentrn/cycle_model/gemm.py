@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from opentrn import isa, numerics, schedule
+from opentrn.golden import tensor_engine
 from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
 from opentrn.isa import Engine
 
@@ -58,6 +59,8 @@ def gemm(config, m, k, n, *, dtype="int8"):
     rate = config.macs_per_pe_cycle(dtype)
     k_rows = -(-k // rate)
     K, P, chunk = config.pe_rows, config.pe_cols, config.moving_max
+    # Cycles between matmuls that each take a fresh stationary tile (with any N up to it).
+    fresh_tile = tensor_engine.issue_interval(config, 1, fresh=True)
     W = config.dma_bus_bytes
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
     out = 4                                              # int32 or FP32 results
@@ -140,7 +143,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         # this step's loads, matmuls and activations, and its DMA instructions (two words).
         instructions = (k1 - k0) * (1 + len(chunks)) + (len(chunks) + 2 if last else 0)
         fetch_beats.append(instructions * beats_per_word * word_cycles)
-        per_tile = max(sum(chunks), K + P, (1 + len(chunks)) * issue)
+        per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
         if last:
             store = dma(mrows * _words(0, w * out, W), read=False)

@@ -76,6 +76,8 @@ class _TensorUnitModel:
         self.pending = False
         self.active_valid = False
         self.guard = 0
+        # Advances from a swap to the next load into the retired bank (hdl/tensor_engine.py).
+        self.reload_guard = 1 if config.fast_weight_load else self.K
         self.load_column = 0
         self.results = deque()          # (cycle the result is written, last)
         self.results_fifo = 0           # matmuls with results in flight (FIFO K + M + S)
@@ -184,7 +186,7 @@ class _TensorUnitModel:
         if mm_take and swap:
             self.pending = False
             self.active_valid = True
-            self.guard = K - 1
+            self.guard = self.reload_guard - 1
         elif self.guard != 0:
             self.guard -= 1
         if mm_take:
