@@ -1,5 +1,6 @@
 """The fast path: the library GEMM's schedule, step by step (no program is built)."""
 
+import math
 from dataclasses import dataclass
 
 from opentrn import isa, numerics, schedule
@@ -31,6 +32,28 @@ class Estimate:
 def _words(start, length, width):
     """Bus words a run of ``length`` bytes from byte ``start`` touches."""
     return (start + length - 1) // width - start // width + 1
+
+
+def _rows_words(start, pitch, rows, length, width):
+    """Bus words ``rows`` runs of ``length`` bytes touch, run ``r`` from byte ``start + r *
+    pitch`` (a DMA side walks each row on its own: hdl/access_pattern.py). The starts repeat
+    modulo the bus word every ``width / gcd(pitch, width)`` rows."""
+    period = width // math.gcd(pitch, width)
+    cycle = [_words(start + r * pitch, length, width) for r in range(min(rows, period))]
+    whole, rest = divmod(rows, period)
+    return whole * sum(cycle) + sum(cycle[:rest])
+
+
+def _shared_read_channel(reads, writes, fetches):
+    """Cycles of a step whose DMA engine reads for ``reads`` cycles and writes for
+    ``writes`` while the sequencers' instruction fetches take ``fetches`` cycles of the
+    read channel, spread over the step: the HBM answers bursts in order, so a fetch delays
+    the DMA when it comes while the DMA reads. With the fetches uniform over a step of
+    ``T`` cycles the DMA reads for ``R = reads * T / (T - fetches)``, and ``T = R +
+    writes``: the larger root of ``T**2 - T (reads + writes + fetches) + writes * fetches =
+    0`` (``reads + fetches`` without writes, ``reads + writes`` without fetches)."""
+    total = reads + writes + fetches
+    return (total + math.sqrt(total * total - 4 * writes * fetches)) / 2
 
 
 #: The most steps :func:`gemm` models (each a few numbers: about a second per 10**6).
@@ -87,16 +110,40 @@ def gemm(config, m, k, n, *, dtype="int8"):
     def dma(words, read=True):
         return (DMA_READ_OVERHEAD if read else DMA_WRITE_OVERHEAD) + words * word_cycles
 
-    def tile_fetch(rows, k_count, cols):
-        """Cycles of fetching ``cols`` columns of ``rows`` rows (``k_count`` K tiles), and
-        of an MX format's scales (a row per block and K tile); counts the bytes."""
+    scale_rows = numerics.mx_blocks(config) if mx else 0
+
+    def rows_3d(row0, rows, per_tile, pitch, col0, length, tile_bytes, at=0):
+        """Cycles of the descriptors of ``schedule.Schedule._rows_3d``: ``rows`` rows of
+        ``length`` bytes from row ``row0`` and byte ``col0`` of an HBM tensor of ``pitch``
+        bytes a row, row ``r`` to partition ``r % per_tile`` at byte ``at + (r // per_tile)
+        * tile_bytes``: one descriptor for the full K tiles, one for a partial last one.
+        Each side walks its rows word by word; the slower side sets the pace."""
+        nonlocal descriptors
+        cost = 0.0
+        full, rest = divmod(rows, per_tile)
+        for count, first, tiles in ((full * per_tile, 0, full), (rest, full, 1)):
+            if not count:
+                continue
+            source = _rows_words(row0 * pitch + first * per_tile * pitch + col0, pitch,
+                                 count, length, W)
+            sink = sum(_words(at + (first + t) * tile_bytes, length, W)
+                       * min(per_tile, count - t * per_tile) for t in range(tiles))
+            cost += dma(max(source, sink))
+            descriptors += 1
+        return cost
+
+    def tile_fetch(row0, rows, k_count, col0, cols, pitch, tile_bytes, at=0):
+        """Cycles of fetching ``cols`` columns from column ``col0`` of ``rows`` rows from row
+        ``row0`` (``k_count`` K tiles) of an operand of ``pitch`` columns, into a slot of
+        ``tile_bytes`` columns a K tile from column ``at``, and of an MX format's scales
+        (``scale_rows`` rows a K tile, one byte a column); counts the bytes."""
         nonlocal dma_bytes
-        cost = dma(rows * _words(0, cols * e, W))
+        cost = rows_3d(row0, rows, K, pitch * e, col0 * e, cols * e, tile_bytes * e, at * e)
         dma_bytes += rows * cols * e
         if mx:
-            blocks = numerics.mx_blocks(config)
-            cost += dma(blocks * k_count * _words(0, cols, W))
-            dma_bytes += blocks * k_count * cols
+            cost += rows_3d(row0 // K * scale_rows, k_count * scale_rows, scale_rows, pitch,
+                            col0, cols, tile_bytes, at)
+            dma_bytes += scale_rows * k_count * cols
         return cost
 
     steps = []
@@ -108,7 +155,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             for index, (k0, k1) in enumerate(parts):
                 steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
 
-    dma_bytes = 0
+    dma_bytes = descriptors = 0
     dma_busy = 0.0
     tensor = []                 # tensor cycles of each step
     fetches = []                # DMA cycles of each step's prefetch
@@ -119,6 +166,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     new_slots = []              # (a new stationary slot, a new moving slot) of each step
     b_key = a_key = None
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
+        descriptors_before = descriptors
         full_rows = rows_in(k0, k1)
         cost = 0.0
         a_new, b_new = (n0, mt // mb, k0) != a_key, (n0, k0) != b_key
@@ -129,24 +177,26 @@ def gemm(config, m, k, n, *, dtype="int8"):
                 # One moving slot: refilled a K tile at a time behind the matmuls of the
                 # step before, which wait for none of it but the last K tile's.
                 for kt in range(k0, k1):
-                    trail[-1] = tile_fetch(rows_in(kt, kt + 1), 1, w)
+                    trail[-1] = tile_fetch(kt * K, rows_in(kt, kt + 1), 1, n0, w, n, width,
+                                           at=(kt - k0) * width)
                     cost += trail[-1]
             else:
-                cost += tile_fetch(full_rows, k1 - k0, w)
+                cost += tile_fetch(k0 * K, full_rows, k1 - k0, n0, w, n, width)
             b_key = (n0, k0)
         if a_new:                        # the stationary tiles of mb M tiles
             a_key = (n0, mt // mb, k0)
-            cost += tile_fetch(full_rows, k1 - k0, min(mb * P, m - (mt // mb) * mb * P))
+            m0 = (mt // mb) * mb * P
+            cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
         fetches.append(cost)
-        # The streams' instruction fetches share the AXI read channel with the DMA's reads:
-        # this step's loads, matmuls and activations, and its DMA instructions (two words).
-        instructions = (k1 - k0) * (1 + len(chunks)) + (len(chunks) + 2 if last else 0)
-        fetch_beats.append(instructions * beats_per_word * word_cycles)
         per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
         if last:
-            store = dma(mrows * _words(0, w * out, W), read=False)
+            # From the staging tile (rows from byte 0) to rows of n results in HBM.
+            row0 = (mt * P * n + n0) * out
+            store = dma(max(mrows * _words(0, w * out, W),
+                            _rows_words(row0, n * out, mrows, w * out, W)), read=False)
+            descriptors += 1
             stores.append(store)
             dma_busy += store
             dma_bytes += mrows * w * out
@@ -154,6 +204,12 @@ def gemm(config, m, k, n, *, dtype="int8"):
         else:
             stores.append(0)
             acts.append(0)
+        # The streams' instruction fetches share the AXI read channel with the DMA's reads:
+        # this step's loads, matmuls and activations, and its DMA instructions (two words
+        # a descriptor).
+        instructions = ((k1 - k0) * (1 + len(chunks)) + (len(chunks) if last else 0)
+                        + 2 * (descriptors - descriptors_before))
+        fetch_beats.append(instructions * beats_per_word * word_cycles)
 
     count = len(steps)
     # At start each sequencer fetches two bursts ahead; the first data follows them.
@@ -168,7 +224,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     throughput = fetches[0] + start
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
-        dma_side = max(ahead + (stores[i - 1] if i else 0), ahead + fetch_beats[i])
+        dma_side = _shared_read_channel(ahead, stores[i - 1] if i else 0, fetch_beats[i])
         act_side = acts[i - 1] if i else 0
         throughput += max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), dma_side,
                           act_side)
