@@ -44,16 +44,46 @@ def _rows_words(start, pitch, rows, length, width):
     return whole * sum(cycle) + sum(cycle[:rest])
 
 
-def _shared_read_channel(reads, writes, fetches):
-    """Cycles of a step whose DMA engine reads for ``reads`` cycles and writes for
-    ``writes`` while the sequencers' instruction fetches take ``fetches`` cycles of the
-    read channel, spread over the step: the HBM answers bursts in order, so a fetch delays
-    the DMA when it comes while the DMA reads. With the fetches uniform over a step of
-    ``T`` cycles the DMA reads for ``R = reads * T / (T - fetches)``, and ``T = R +
-    writes``: the larger root of ``T**2 - T (reads + writes + fetches) + writes * fetches =
-    0`` (``reads + fetches`` without writes, ``reads + writes`` without fetches)."""
-    total = reads + writes + fetches
-    return (total + math.sqrt(total * total - 4 * writes * fetches)) / 2
+def _dma_step(reads, fetches, writes, tensor_reads):
+    """Cycles of a step's DMA work: reads for ``reads`` cycles, sharing the AXI read channel
+    with ``fetches`` cycles of instruction fetches (the HBM answers bursts in order), then
+    writes for ``writes`` cycles, sharing the SBUF's read port with ``tensor_reads`` words
+    of the tensor unit's column readers. With the others' cycles spread over a step of ``T``
+    cycles, a phase of ``x`` cycles that shares with ``y`` takes ``x T / (T - y)``; ``T`` is
+    the root of ``T = reads T / (T - fetches) + writes T / (T - tensor_reads)`` between
+    ``reads + writes`` and ``reads + writes + fetches + tensor_reads`` (bisection)."""
+    if not fetches or not reads:
+        fetches = 0
+    if not tensor_reads or not writes:
+        tensor_reads = 0
+    low = max(reads + writes, fetches, tensor_reads)
+    high = reads + writes + fetches + tensor_reads
+    if not (fetches or tensor_reads):
+        return high
+    for _ in range(30):
+        middle = (low + high) / 2
+        taken = (reads * middle / (middle - fetches) if reads else 0) \
+            + (writes * middle / (middle - tensor_reads) if writes else 0)
+        low, high = (middle, high) if taken > middle else (low, middle)
+    return high
+
+
+def _activations(chunks, per_tile, free, drain, overhead):
+    """The end of each chunk's activation after a step's matmuls end (at 0), one
+    activation per chunk (PSUM bank), each from ``free`` (the activation engine's) or when
+    its chunk's last matmul has drained: the last K tile's time is shared among its chunks
+    in proportion to their columns, so the later chunks' matmuls run meanwhile."""
+    ends, end = [], free
+    for c, columns in enumerate(chunks):
+        later = per_tile * sum(chunks[c + 1:]) / sum(chunks)
+        end = max(end, drain - later) + columns + overhead
+        ends.append(end)
+    return ends
+
+
+def _epilogue(chunks, per_tile, drain, overhead):
+    """Cycles from a step's last matmul to its last activation's end."""
+    return _activations(chunks, per_tile, float("-inf"), drain, overhead)[-1]
 
 
 #: The most steps :func:`gemm` models (each a few numbers: about a second per 10**6).
@@ -85,6 +115,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # Cycles between matmuls that each take a fresh stationary tile (with any N up to it).
     fresh_tile = tensor_engine.issue_interval(config, 1, fresh=True)
     W = config.dma_bus_bytes
+    V = config.vector_word_bytes                         # an engine's SBUF word
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
     out = 4                                              # int32 or FP32 results
     k_tiles, m_tiles = -(-k_rows // K), -(-m // P)
@@ -162,11 +193,13 @@ def gemm(config, m, k, n, *, dtype="int8"):
     stores = []                 # DMA cycles of each step's store (0 if none)
     acts = []                   # activation cycles of each step's epilogue
     fetch_beats = []            # cycles of the read channel the step's instructions take
+    tensor_reads = []           # SBUF words the tensor unit reads in each step
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     new_slots = []              # (a new stationary slot, a new moving slot) of each step
     b_key = a_key = None
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
         descriptors_before = descriptors
+        starts = [sum(chunks[:c]) for c in range(len(chunks))]
         full_rows = rows_in(k0, k1)
         cost = 0.0
         a_new, b_new = (n0, mt // mb, k0) != a_key, (n0, k0) != b_key
@@ -191,6 +224,19 @@ def gemm(config, m, k, n, *, dtype="int8"):
         fetches.append(cost)
         per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
+        # The SBUF words the tensor unit's column readers read: each K tile's stationary
+        # columns and moving chunks (and an MX format's scales, a byte a column).
+        reads = 0
+        for i in range(k1 - k0):
+            stationary = (i * mb + mt % mb) * P
+            reads += _words(stationary * e, mrows * e, V)
+            reads += sum(_words((i * width + c0) * e, columns * e, V)
+                         for c0, columns in zip(starts, chunks, strict=True))
+            if mx:
+                reads += _words(stationary, mrows, V) + sum(
+                    _words(i * width + c0, columns, V)
+                    for c0, columns in zip(starts, chunks, strict=True))
+        tensor_reads.append(reads)
         if last:
             # From the staging tile (rows from byte 0) to rows of n results in HBM.
             row0 = (mt * P * n + n0) * out
@@ -224,23 +270,25 @@ def gemm(config, m, k, n, *, dtype="int8"):
     throughput = fetches[0] + start
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
-        dma_side = _shared_read_channel(ahead, stores[i - 1] if i else 0, fetch_beats[i])
+        dma_side = _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
+                             tensor_reads[i])
         act_side = acts[i - 1] if i else 0
         throughput += max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), dma_side,
                           act_side)
-    throughput += drain + acts[-1] + stores[-1]
+    throughput += _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
+                            activate_overhead(config)) + stores[-1]
 
     # Latency: the engines in program order with the waits the kernel places (docs/kernels.md,
     # "The schedule"). The DMA stream prefetches step i + 1, then stores step i; a prefetch
     # waits for the matmuls of the step that last read its slot; a step's matmuls wait for
-    # their tiles and, opening a PSUM group, for the activation two epilogues back; an
-    # activation waits for its matmuls' results and for the store two epilogues back (its
-    # staging tile). Short steps with an epilogue each are bound by this chain, not by
-    # throughput.
+    # their tiles and, opening a PSUM group, each for the activation that last read its bank
+    # (two epilogues back); an activation (one per chunk, that is per PSUM bank) waits for
+    # its chunk's last matmul to drain and for the store two epilogues back (its staging
+    # tile). Short steps with an epilogue each are bound by this chain, not by throughput.
     tensor_end = [0.0] * count
     fetched = [0.0] * count
     users = ([], [])            # the steps that fetched into each slot kind, in order
-    epilogues = []              # (activation end, store end)
+    epilogues = []              # (each chunk's activation end, store end)
     dma_free = start
 
     def prefetch(i, after=0.0):
@@ -259,20 +307,27 @@ def gemm(config, m, k, n, *, dtype="int8"):
         refill = i + 1 < count and trail[i + 1] > 0
         if i + 1 < count and not refill:
             prefetch(i + 1)
-        k0, last = steps[i][5], steps[i][7]
-        begin = max(tensor_free, fetched[i])
-        if k0 == 0 and len(epilogues) >= 2:
-            begin = max(begin, epilogues[-2][0])
-        tensor_free = tensor_end[i] = begin + tensor[i]
+        chunks, k0, k1, last = steps[i][2], steps[i][5], steps[i][6], steps[i][7]
+        # A K tile's time shared among its chunks' matmuls in proportion to their columns.
+        per_tile = tensor[i] / (k1 - k0)
+        share = [per_tile * columns / sum(chunks) for columns in chunks]
+        t = max(tensor_free, fetched[i])
+        for c, columns in enumerate(share):
+            if k0 == 0 and len(epilogues) >= 2:
+                t = max(t, epilogues[-2][0][c])
+            t += columns
+        tensor_free = tensor_end[i] = t + tensor[i] - per_tile
         if refill:              # all but its last K tile overlap the matmuls before it
             prefetch(i + 1, after=tensor_end[i] - fetches[i + 1] + trail[i + 1])
         if last:
-            act_begin = max(act_free, tensor_end[i] + drain)
             if len(epilogues) >= 2:
-                act_begin = max(act_begin, epilogues[-2][1])
-            act_free = act_begin + acts[i]
+                act_free = max(act_free, epilogues[-2][1])
+            ends = _activations(chunks, per_tile, act_free - tensor_end[i], drain,
+                                activate_overhead(config))
+            ends = [tensor_end[i] + end for end in ends]
+            act_free = ends[-1]
             dma_free = max(dma_free, act_free) + stores[i]
-            epilogues.append((act_free, dma_free))
+            epilogues.append((ends, dma_free))
     total = max(throughput, dma_free)
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
     # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
