@@ -178,17 +178,21 @@ def test_programs_outside_the_model_are_refused():
 #: benchmarks/cycle_model_accuracy.py compares them all on both).
 FAST_SHAPES = [(1, 1, 1), (16, 16, 16), (7, 13, 29), (64, 64, 64)]
 LARGE_SHAPES = [(32, 256, 32), (256, 32, 64), (100, 60, 90), (128, 128, 128)]
-#: The largest relative difference of the fast path's cycles from predict() on those
-#: shapes (docs/performance.md has the table): the fast path models each step's overlap,
-#: not the cycle-by-cycle arbitration.
-FAST_PATH_BOUND = 0.15
+
+
+def fast_path_bound(cycles):
+    """The largest relative difference of the fast path's cycles from predict()'s asserted
+    on those shapes: 2% for a kernel of at least 5,000 cycles, 5% below (docs/performance.md
+    has the table, and a random sample where the fast path strays further): the fast path
+    models each step's overlap, not the cycle-by-cycle arbitration."""
+    return 0.02 if cycles >= 5000 else 0.05
 
 
 @pytest.mark.parametrize("preset, dtype", [("tiny", "int8"), ("tiny", "bf16"),
                                            ("tiny", "mxfp8e4m3"), ("small", "int8")])
 def test_fast_path_agrees_with_the_model(preset, dtype):
     """The fast path's MACs, tensor-busy cycles and DMA bytes equal the instruction-level
-    model's on every shape; its cycles are within FAST_PATH_BOUND."""
+    model's on every shape; its cycles are within fast_path_bound."""
     cfg = config.preset(preset)
     rng = np.random.default_rng(9)
     mx = numerics.data_format(dtype).mx
@@ -202,7 +206,8 @@ def test_fast_path_agrees_with_the_model(preset, dtype):
         label = f"{preset} {dtype} {m}x{k}x{n}"
         assert (fast.macs, fast.tensor_busy, fast.dma_bytes) == \
             (exact["macs"], exact["tensor_busy"], exact["dma_bytes"]), label
-        assert abs(fast.cycles - exact["cycles"]) <= FAST_PATH_BOUND * exact["cycles"], \
+        assert abs(fast.cycles - exact["cycles"]) <= \
+            fast_path_bound(exact["cycles"]) * exact["cycles"], \
             (label, fast.cycles, exact["cycles"])
 
 
@@ -253,7 +258,7 @@ def test_fast_path_scales_to_trainium3():
 def test_fast_path_agrees_with_the_model_at_trainium_size(dtype, shape):
     """On a 128x128 trn3 core with the one DMA engine the RTL builds (the exact model
     follows the RTL, so only there can it check the fast path that ``opentrn project``
-    uses): macs, tensor-busy cycles and DMA bytes equal, cycles within 3% (docs/
+    uses): macs, tensor-busy cycles and DMA bytes equal, cycles within 2% (docs/
     performance.md has a random sample)."""
     cfg = config.resolve("trn3", overrides=["dma_engines=1"])
     rng = np.random.default_rng(17)
@@ -267,7 +272,7 @@ def test_fast_path_agrees_with_the_model_at_trainium_size(dtype, shape):
     fast = cycle_model.gemm(cfg, m, k, n, dtype=dtype)
     assert (fast.macs, fast.tensor_busy, fast.dma_bytes) == \
         (exact["macs"], exact["tensor_busy"], exact["dma_bytes"])
-    assert abs(fast.cycles - exact["cycles"]) <= 0.03 * exact["cycles"], \
+    assert abs(fast.cycles - exact["cycles"]) <= 0.02 * exact["cycles"], \
         (fast.cycles, exact["cycles"])
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from opentrn import isa, numerics, schedule
 from opentrn.golden import tensor_engine
+from opentrn.hdl.dma import QUEUE_DEPTH as DMA_QUEUE_DEPTH
 from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
 from opentrn.isa import Engine
 
@@ -194,6 +195,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     acts = []                   # activation cycles of each step's epilogue
     fetch_beats = []            # cycles of the read channel the step's instructions take
     tensor_reads = []           # SBUF words the tensor unit reads in each step
+    prefetch_descriptors = []   # DMA descriptors of each step's prefetch
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     new_slots = []              # (a new stationary slot, a new moving slot) of each step
     b_key = a_key = None
@@ -222,6 +224,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
         fetches.append(cost)
+        prefetch_descriptors.append(descriptors - descriptors_before)
         per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
         # The SBUF words the tensor unit's column readers read: each K tile's stationary
@@ -267,7 +270,16 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # (the DMA engine's time; its reads share the read channel with the instruction
     # fetches, its stores go out on the write channel), and the activation engine drains
     # step i - 1.
-    throughput = fetches[0] + start
+    # The first prefetch shares the read channel with the DMA stream's own fetches: a
+    # burst each time the DMA sequencer has handed over half a buffer of descriptors (the
+    # first prefetch's and the next one's, as many as the DMA engine runs and queues).
+    handed = min(sum(prefetch_descriptors[:2]), 1 + DMA_QUEUE_DEPTH)
+    dma_stream = (2 * descriptors + 1) * isa.WORD_BYTES
+    refills = min(handed * 2 * isa.WORD_BYTES // (FETCH_BUFFER_BYTES // 2),
+                  max(0, -(-dma_stream // (FETCH_BUFFER_BYTES // 2)) - 2))
+    first = refills * burst_beats * word_cycles
+    fetch_beats[0] = max(0.0, fetch_beats[0] - first)
+    throughput = fetches[0] + start + first
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
         dma_side = _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
