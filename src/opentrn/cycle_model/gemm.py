@@ -1,5 +1,6 @@
 """The fast path: the library GEMM's schedule, step by step (no program is built)."""
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,29 +38,36 @@ def _words(start, length, width):
 
 def _rows_words(start, pitch, rows, length, width):
     """Bus words ``rows`` runs of ``length`` bytes touch, run ``r`` from byte ``start + r *
-    pitch`` (a DMA side walks each row on its own: hdl/access_pattern.py). The starts repeat
-    modulo the bus word every ``width / gcd(pitch, width)`` rows."""
+    pitch`` (a DMA side walks each row on its own: hdl/access_pattern.py). Only the starts
+    modulo the bus word matter; they repeat every ``width / gcd(pitch, width)`` rows."""
+    return _cached_rows_words(start % width, pitch % width, rows, length, width)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _cached_rows_words(start, pitch, rows, length, width):
     period = width // math.gcd(pitch, width)
     cycle = [_words(start + r * pitch, length, width) for r in range(min(rows, period))]
     whole, rest = divmod(rows, period)
     return whole * sum(cycle) + sum(cycle[:rest])
 
 
-def _dma_step(reads, fetches, writes, tensor_reads):
+def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0):
     """Cycles of a step's DMA work: reads for ``reads`` cycles, sharing the AXI read channel
     with ``fetches`` cycles of instruction fetches (the HBM answers bursts in order), then
     writes for ``writes`` cycles, sharing the SBUF's read port with ``tensor_reads`` words
     of the tensor unit's column readers. With the others' cycles spread over a step of ``T``
     cycles, a phase of ``x`` cycles that shares with ``y`` takes ``x T / (T - y)``; ``T`` is
     the root of ``T = reads T / (T - fetches) + writes T / (T - tensor_reads)`` between
-    ``reads + writes`` and ``reads + writes + fetches + tensor_reads`` (bisection)."""
+    ``reads + writes`` and ``reads + writes + fetches + tensor_reads`` (bisection; the
+    upper end when it is at most ``floor``, the step's other work, which then sets its
+    length)."""
     if not fetches or not reads:
         fetches = 0
     if not tensor_reads or not writes:
         tensor_reads = 0
     low = max(reads + writes, fetches, tensor_reads)
     high = reads + writes + fetches + tensor_reads
-    if not (fetches or tensor_reads):
+    if not (fetches or tensor_reads) or high <= floor:
         return high
     for _ in range(30):
         middle = (low + high) / 2
@@ -158,8 +166,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
                 continue
             source = _rows_words(row0 * pitch + first * per_tile * pitch + col0, pitch,
                                  count, length, W)
-            sink = sum(_words(at + (first + t) * tile_bytes, length, W)
-                       * min(per_tile, count - t * per_tile) for t in range(tiles))
+            # Each K tile's rows (one per partition) at the same bytes of the slot.
+            sink = (count // tiles) * _rows_words(at + first * tile_bytes, tile_bytes, tiles,
+                                                  length, W)
             cost += dma(max(source, sink))
             descriptors += 1
         return cost
@@ -196,12 +205,12 @@ def gemm(config, m, k, n, *, dtype="int8"):
     fetch_beats = []            # cycles of the read channel the step's instructions take
     tensor_reads = []           # SBUF words the tensor unit reads in each step
     prefetch_descriptors = []   # DMA descriptors of each step's prefetch
+    reads_of = {}               # the tensor reads of a step, by what they depend on
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     new_slots = []              # (a new stationary slot, a new moving slot) of each step
     b_key = a_key = None
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
         descriptors_before = descriptors
-        starts = [sum(chunks[:c]) for c in range(len(chunks))]
         full_rows = rows_in(k0, k1)
         cost = 0.0
         a_new, b_new = (n0, mt // mb, k0) != a_key, (n0, k0) != b_key
@@ -229,17 +238,18 @@ def gemm(config, m, k, n, *, dtype="int8"):
         tensor.append((k1 - k0) * per_tile)
         # The SBUF words the tensor unit's column readers read: each K tile's stationary
         # columns and moving chunks (and an MX format's scales, a byte a column).
-        reads = 0
-        for i in range(k1 - k0):
-            stationary = (i * mb + mt % mb) * P
-            reads += _words(stationary * e, mrows * e, V)
-            reads += sum(_words((i * width + c0) * e, columns * e, V)
-                         for c0, columns in zip(starts, chunks, strict=True))
-            if mx:
-                reads += _words(stationary, mrows, V) + sum(
-                    _words(i * width + c0, columns, V)
-                    for c0, columns in zip(starts, chunks, strict=True))
-        tensor_reads.append(reads)
+        # K tile i's stationary columns at (i * mb + mt % mb) * P, its chunk at i * width +
+        # c0 (columns of its slots).
+        key = (mt % mb, mrows, k1 - k0, w)
+        if key not in reads_of:
+            reads = 0
+            for size in ((e, 1) if mx else (e,)):
+                reads += _rows_words(mt % mb * P * size, mb * P * size, k1 - k0,
+                                     mrows * size, V)
+                reads += sum(_rows_words(c0 * size, width * size, k1 - k0, columns * size, V)
+                             for c0, columns in zip(range(0, w, chunk), chunks, strict=True))
+            reads_of[key] = reads
+        tensor_reads.append(reads_of[key])
         if last:
             # From the staging tile (rows from byte 0) to rows of n results in HBM.
             row0 = (mt * P * n + n0) * out
@@ -282,11 +292,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
     throughput = fetches[0] + start + first
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
-        dma_side = _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
-                             tensor_reads[i])
         act_side = acts[i - 1] if i else 0
-        throughput += max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), dma_side,
-                          act_side)
+        compute = max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), act_side)
+        dma_side = _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
+                             tensor_reads[i], floor=compute)
+        throughput += max(compute, dma_side)
     throughput += _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
                             activate_overhead(config)) + stores[-1]
 
