@@ -51,6 +51,7 @@ def _cached_rows_words(start, pitch, rows, length, width):
     return whole * sum(cycle) + sum(cycle[:rest])
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0):
     """Cycles of a step's DMA work: reads for ``reads`` cycles, sharing the AXI read channel
     with ``fetches`` cycles of instruction fetches (the HBM answers bursts in order), then
@@ -58,9 +59,9 @@ def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0):
     of the tensor unit's column readers. With the others' cycles spread over a step of ``T``
     cycles, a phase of ``x`` cycles that shares with ``y`` takes ``x T / (T - y)``; ``T`` is
     the root of ``T = reads T / (T - fetches) + writes T / (T - tensor_reads)`` between
-    ``reads + writes`` and ``reads + writes + fetches + tensor_reads`` (bisection; the
-    upper end when it is at most ``floor``, the step's other work, which then sets its
-    length)."""
+    ``reads + writes`` and ``reads + writes + fetches + tensor_reads`` (bisection to a
+    thousandth of a cycle; the upper end when it is at most ``floor``, the step's other
+    work, which then sets its length). Steps repeat: the answers are kept."""
     if not fetches or not reads:
         fetches = 0
     if not tensor_reads or not writes:
@@ -69,7 +70,7 @@ def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0):
     high = reads + writes + fetches + tensor_reads
     if not (fetches or tensor_reads) or high <= floor:
         return high
-    for _ in range(30):
+    while high - low > 1e-3:
         middle = (low + high) / 2
         taken = (reads * middle / (middle - fetches) if reads else 0) \
             + (writes * middle / (middle - tensor_reads) if writes else 0)
@@ -95,7 +96,7 @@ def _epilogue(chunks, per_tile, drain, overhead):
     return _activations(chunks, per_tile, float("-inf"), drain, overhead)[-1]
 
 
-#: The most steps :func:`gemm` models (each a few numbers: about a second per 10**6).
+#: The most steps :func:`gemm` models (each a few numbers: 10 to 20 s per 10**6).
 MAX_GEMM_STEPS = 2_000_000
 
 
@@ -104,8 +105,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
     int32 or FP32, HBM to HBM) on one core, without building the program, from the kernel's
     steps (docs/kernels.md, "The schedule"): the larger of their throughput (each step the
     larger of the tensor engine's time and the DMA's for the descriptors that overlap it,
-    plus the first prefetch and the last step's drain, activation and store) and their
-    latency (the engines in program order with the kernel's waits). For workloads too
+    plus the first prefetch and the last step's drain, activations and store) and their
+    latency (the engines in program order with the kernel's waits). Each DMA descriptor
+    costs the words of its slower side, each row's counted from its own address as the
+    DMA walks it; the DMA's reads share the read channel with the instruction fetches, its
+    stores the SBUF's read port with the tensor unit (:func:`_dma_step`). For workloads too
     large for :func:`predict`; the tests bound its difference from :func:`predict`
     (docs/performance.md)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
