@@ -293,6 +293,24 @@ def test_project_gemm_json_and_text(capsys):
     assert "| 1 chip (2 cores) |" in out and "| 2 chips (data) |" in out
 
 
+def test_project_names_the_model_of_a_cores_cycles(capsys):
+    """tiny follows the exact model: a short GEMM's core cycles are the RTL's (the issue's
+    example; tests/test_projection.py compares them with predict()), said in the report and
+    the JSON; ``--core-model fast`` takes the fast path."""
+    from opentrn import projection
+    argv = ["project", "--preset", "tiny", "--gemm", "256,1,256", "--dtype", "int8"]
+    assert main([*argv, "--json"]) == 0
+    level = json.loads(capsys.readouterr().out)["levels"][0]
+    exact = projection.gemm(config.preset("tiny"), 256, 1, 256, dtype="int8", model="exact")
+    assert (level["model"], level["cycles"]) == ("exact", exact.cycles)
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "core cycles  the exact cycle model (the RTL's, cycle for cycle)" in captured.out
+    assert "the exact cycle model runs the kernel's program" in captured.err
+    assert main([*argv, "--core-model", "fast", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["levels"][0]["model"] == "fast path"
+
+
 def test_project_transformer_scaling_and_scalesim(capsys):
     assert main(["project", "--preset", "trn3", "--transformer", "1024,4096,16,256,2",
                  "--chips", "2", "--scaling", "--json"]) == 0
@@ -334,6 +352,11 @@ def test_project_transformer_scaling_and_scalesim(capsys):
     (["--preset", "trn3", "--peaks", "--compare-rtl"], "--compare-rtl: needs --gemm M,K,N"),
     (["--preset", "trn3", "--transformer", "64,64,2,8,1", "--compare-scalesim"],
      "--compare-scalesim: needs --gemm M,K,N"),
+    (["--preset", "trn3", "--peaks", "--core-model", "fast"],
+     "--core-model=fast: needs --gemm M,K,N"),
+    (["--preset", "trn3", "--gemm", "8,8,8", "--core-model", "exact"],
+     "model='exact': the exact model follows the RTL's one DMA engine of dma_bus_bytes a "
+     "cycle; this configuration has dma_engines=16"),
 ])
 def test_project_errors(argv, message, capsys):
     assert main(["project", *argv]) == 2

@@ -258,3 +258,43 @@ def test_scalesim_comparison():
     # Short folds (T < R + C) wait for the next tile's load behind the guard: K + M each.
     short = projection.scalesim(tiny, 8, 8, 2)
     assert short["schedule_cycles"] < short["scalesim_cycles"]
+
+
+def test_one_core_is_exact_where_the_exact_model_follows_the_configuration():
+    """The issue's example (tiny, int8 256x1x256: the fast path's cycles were 28% above the
+    RTL's): by default one core's cycles are the exact model's, predict() of the kernel's
+    program, because the exact model follows tiny (one DMA engine) and the kernel is short;
+    ``model="fast"`` gives the fast path's."""
+    import numpy as np
+
+    from opentrn import cycle_model, kernels
+    tiny = config.preset("tiny")
+    assert projection.exact_model_follows(tiny)
+    rng = np.random.default_rng(3)
+    a = kernels.random_inputs(rng, (256, 1), "int8")
+    b = kernels.random_inputs(rng, (1, 256), "int8")
+    exact = cycle_model.predict(kernels.gemm(tiny, a.T.copy(), b)[0])
+    auto = projection.gemm(tiny, 256, 1, 256, dtype="int8")
+    assert (auto.model, auto.cycles, auto.dma_bytes, auto.tensor_busy) == \
+        ("exact", exact["cycles"], exact["dma_bytes"], exact["tensor_busy"])
+    fast = projection.gemm(tiny, 256, 1, 256, dtype="int8", model="fast")
+    assert fast.model == "fast path"
+    assert fast.cycles == cycle_model.gemm(tiny, 256, 1, 256, dtype="int8").cycles
+    # Past the budget the fast path answers (its estimate decides).
+    big = cycle_model.gemm(tiny, 512, 512, 512, dtype="int8")
+    assert big.cycles > projection.EXACT_MAX_CYCLES
+    assert projection.gemm(tiny, 512, 512, 512, dtype="int8").model == "fast path"
+
+
+def test_the_exact_core_model_refuses_what_it_does_not_model():
+    """trn3's 16 DMA engines are the fast path's only: asking for the exact model there
+    names the field; by default trn3 takes the fast path, and with one DMA engine (what the
+    RTL builds) a short kernel is exact."""
+    trn3 = config.preset("trn3")
+    with pytest.raises(ConfigError, match="dma_engines=16"):
+        projection.gemm(trn3, 512, 512, 512, dtype="bf16", model="exact")
+    assert projection.gemm(trn3, 512, 512, 512, dtype="bf16").model == "fast path"
+    one_engine = config.resolve("trn3", overrides=["dma_engines=1"])
+    assert projection.gemm(one_engine, 128, 128, 128, dtype="bf16").model == "exact"
+    with pytest.raises(ConfigError, match="model='best'"):
+        projection.gemm(one_engine, 128, 128, 128, dtype="bf16", model="best")

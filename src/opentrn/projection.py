@@ -9,8 +9,11 @@ The model
   (``config.PUBLISHED``), with both values where AWS's own pages disagree.
 * **One core** runs the library GEMM kernel (``opentrn.kernels.gemm``, HBM in, HBM out); its
   time is the cycle model's fast path, ``cycle_model.gemm``, which accounts for the format's
-  MAC rate and the core's share of the chip's HBM bandwidth
-  (``cycle_model.dma_bytes_per_cycle``).
+  MAC rate, ``dma_engines`` and the core's share of the chip's HBM bandwidth
+  (``cycle_model.dma_bytes_per_cycle``); or, where the exact model follows the
+  configuration (one DMA engine at its bus width) and the fast path estimates at most
+  :data:`EXACT_MAX_CYCLES`, the exact model's count of the kernel's program
+  (``cycle_model.predict``, the RTL's cycles), chosen by ``model=``.
 * **One chip** splits a GEMM over its cores by rows (M) or columns (N) of the output, whichever
   is faster; each core runs its share, and the chip takes as long as its largest share. The
   cores share the HBM bandwidth: that is already in each core's DMA rate.
@@ -43,14 +46,15 @@ pass does twice the forward FLOPs) plus the gradient all-reduce.
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 from opentrn import config as configuration
 from opentrn import numerics
 from opentrn.config import ConfigError
 
-__all__ = ["peak_flops", "peaks", "published_preset", "gemm", "gemm_levels",
+__all__ = ["EXACT_MAX_CYCLES", "CORE_MODELS", "exact_model_follows", "peak_flops", "peaks",
+           "published_preset", "gemm", "gemm_levels",
            "allreduce_seconds", "activation_cycles", "transformer_layer", "scaling",
            "chip_counts", "scalesim", "plot"]
 
@@ -194,21 +198,69 @@ def peaks(config, *, published="auto"):
 
 # -- one GEMM ---------------------------------------------------------------------------------
 
+#: One core's GEMM comes from the exact model (``cycle_model.predict`` of the kernel's
+#: program: the RTL's counters, cycle for cycle) when the configuration is one it follows
+#: and the fast path estimates at most this many cycles: about two seconds of building and
+#: running the program, where the fast path strays most (docs/performance.md).
+EXACT_MAX_CYCLES = 50_000
+
+#: ``model=`` of :func:`gemm`: the exact model where it follows the configuration and
+#: the kernel is small enough, else the fast path; the exact model; the fast path.
+CORE_MODELS = ("auto", "exact", "fast")
+
+
+def exact_model_follows(config):
+    """The exact model times the RTL's core: one DMA engine moving a bus word a cycle
+    (the fast path also models ``dma_engines`` and the core's share of the HBM)."""
+    return (config.dma_engines == 1
+            and _cycle_model().dma_bytes_per_cycle(config) == config.dma_bus_bytes)
+
+
 @lru_cache(maxsize=4096)
-def _core_gemm(config, m, k, n, dtype):
-    return _cycle_model().gemm(config, m, k, n, dtype=dtype)
+def _core_gemm(config, m, k, n, dtype, model="auto"):
+    """One core's ``cycle_model.Estimate`` of the library GEMM, from the model ``model``
+    (:data:`CORE_MODELS`) picks."""
+    cycle_model = _cycle_model()
+    if model not in CORE_MODELS:
+        raise ConfigError(f"model={model!r}: must be one of {', '.join(CORE_MODELS)}")
+    fast = cycle_model.gemm(config, m, k, n, dtype=dtype)
+    follows = exact_model_follows(config)
+    if model == "exact" and not follows:
+        raise ConfigError(
+            f"model='exact': the exact model follows the RTL's one DMA engine of "
+            f"dma_bus_bytes a cycle; this configuration has dma_engines="
+            f"{config.dma_engines} and moves "
+            f"{cycle_model.dma_bytes_per_cycle(config):g} bytes a cycle")
+    if model == "fast" or (model == "auto"
+                           and not (follows and fast.cycles <= EXACT_MAX_CYCLES)):
+        return fast
+    import numpy as np
+
+    from opentrn import kernels
+    # The model moves no data: any inputs time the same.
+    rng = np.random.default_rng(0)
+    a, b = (kernels.random_inputs(rng, shape, dtype) for shape in ((m, k), (k, n)))
+    extra = ({"block_scales": (kernels.random_scales(rng, k, m),
+                               kernels.random_scales(rng, k, n))}
+             if numerics.data_format(dtype).mx else {})
+    program, _ = kernels.gemm(config, a.T.copy(), b, **extra)
+    counters = cycle_model.predict(program)
+    return replace(fast, cycles=counters["cycles"], tensor_busy=counters["tensor_busy"],
+                   dma_busy=counters["dma_busy"],
+                   activation_busy=counters["activation_busy"],
+                   dma_bytes=counters["dma_bytes"], model="exact")
 
 
-def _chip_gemm(config, m, k, n, dtype, cores):
+def _chip_gemm(config, m, k, n, dtype, cores, model="auto"):
     """The cycle model's estimate of the busiest core when a chip's ``cores`` split the
     GEMM by M or by N (the faster), with the split: ``(estimate, "M"|"N"|"-", (m, k, n))``."""
     if cores == 1:
-        return _core_gemm(config, m, k, n, dtype), "-", (m, k, n)
+        return _core_gemm(config, m, k, n, dtype, model), "-", (m, k, n)
     best = None
     for split, size in (("N", n), ("M", m)):
         share = -(-size // cores)
         shape = (m, k, share) if split == "N" else (share, k, n)
-        estimate = _core_gemm(config, *shape, dtype)
+        estimate = _core_gemm(config, *shape, dtype, model)
         if best is None or estimate.cycles < best[0].cycles:
             best = (estimate, split, shape)
     return best
@@ -254,7 +306,7 @@ class GemmProjection:
     parallel: str
     core_split: str          # "M" or "N": how a chip splits its share over its cores
     core_share: tuple        # (m, k, n) of the busiest core
-    cycles: int              # of the busiest core (cycle_model.gemm)
+    cycles: int              # of the busiest core (cycle_model.gemm or predict: ``model``)
     tensor_busy: int
     dma_busy: int
     activation_busy: int
@@ -272,15 +324,19 @@ class GemmProjection:
     roof_flops: float        # min(peak, intensity x bandwidth)
     achieved_flops: float
     utilization: float       # achieved / peak
+    model: str = "fast path"  # of the busiest core's cycles: "exact" or "fast path"
 
     def to_dict(self):
         return asdict(self)
 
 
-def gemm(config, m, k, n, *, dtype, cores=1, chips=1, parallel="tensor", hop_latency_s=0.0):
+def gemm(config, m, k, n, *, dtype, cores=1, chips=1, parallel="tensor", hop_latency_s=0.0,
+         model="auto"):
     """Project one GEMM on ``cores`` cores per chip and ``chips`` chips (see the module
     docstring: ``parallel="data"`` splits M over the chips, ``"tensor"`` splits K and
-    all-reduces the FP32 partial outputs)."""
+    all-reduces the FP32 partial outputs); the busiest core's cycles from ``model``
+    (:data:`CORE_MODELS`: by default the exact model where it follows the configuration and
+    the kernel has at most :data:`EXACT_MAX_CYCLES`, else the fast path)."""
     m, k, n = (_positive(name, value) for name, value in (("m", m), ("k", k), ("n", n)))
     _positive("chips", chips)
     if not (isinstance(cores, int) and 1 <= cores <= config.cores_per_chip):
@@ -296,7 +352,7 @@ def gemm(config, m, k, n, *, dtype, cores=1, chips=1, parallel="tensor", hop_lat
         shape = (m, -(-k // chips), n)
         comm = allreduce_seconds(config, m * n * _output_bytes(dtype), chips,
                                  hop_latency_s=hop_latency_s)
-    estimate, split, share = _chip_gemm(config, *shape, dtype, cores)
+    estimate, split, share = _chip_gemm(config, *shape, dtype, cores, model)
     compute = estimate.cycles / config.clock_hz
     seconds = compute + comm
     flops = 2 * m * k * n
@@ -322,22 +378,22 @@ def gemm(config, m, k, n, *, dtype, cores=1, chips=1, parallel="tensor", hop_lat
         hbm_bytes_per_s=bandwidth, ridge=ridge,
         bound="compute" if intensity >= ridge else "HBM",
         roof_flops=min(peak, intensity * bandwidth), achieved_flops=achieved,
-        utilization=achieved / peak)
+        utilization=achieved / peak, model=estimate.model)
 
 
 def gemm_levels(config, m, k, n, *, dtype, cores=None, chips=1, parallel="tensor",
-                hop_latency_s=0.0):
+                hop_latency_s=0.0, model="auto"):
     """:func:`gemm` on one core, one chip (``cores``, default ``cores_per_chip``) and, when
     ``chips > 1``, ``chips`` chips: ``[(label, GemmProjection), ...]``."""
     cores = config.cores_per_chip if cores is None else cores
-    levels = [("1 core", gemm(config, m, k, n, dtype=dtype))]
+    levels = [("1 core", gemm(config, m, k, n, dtype=dtype, model=model))]
     if cores > 1:
         levels.append((f"1 chip ({cores} cores)", gemm(config, m, k, n, dtype=dtype,
-                                                       cores=cores)))
+                                                       cores=cores, model=model)))
     if chips > 1:
         levels.append((f"{chips} chips ({parallel})",
                        gemm(config, m, k, n, dtype=dtype, cores=cores, chips=chips,
-                            parallel=parallel, hop_latency_s=hop_latency_s)))
+                            parallel=parallel, hop_latency_s=hop_latency_s, model=model)))
     return levels
 
 

@@ -276,6 +276,11 @@ def _parser():
     p.add_argument("--scaling", action="store_true",
                    help="also print the scaling curves, 1 chip to the largest published "
                         "cluster (data parallel training; tensor parallel)")
+    p.add_argument("--core-model", choices=("auto", "exact", "fast"), default="auto",
+                   help="with --gemm: one core's cycles from the exact cycle model (the "
+                        "RTL's, cycle for cycle; one DMA engine only) or the fast path; auto: "
+                        "exact where it follows the configuration and the kernel is at most "
+                        "50,000 cycles (default: auto)")
     p.add_argument("--compare-scalesim", action="store_true",
                    help="with --gemm: SCALE-Sim's weight-stationary cycles against this "
                         "model's tensor engine")

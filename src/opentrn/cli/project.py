@@ -116,6 +116,16 @@ def _scaling_table(rows):
          "peak PFLOP/s", "efficiency"])
 
 
+def _core_model_line(levels):
+    """Which model gave the busiest core's cycles of each level."""
+    names = {"exact": "the exact cycle model (the RTL's, cycle for cycle)",
+             "fast path": "the cycle model's fast path (docs/performance.md: its accuracy)"}
+    models = {level.model for _, level in levels}
+    if len(models) == 1:
+        return names[models.pop()]
+    return "; ".join(f"{label}: {names[level.model]}" for label, level in levels)
+
+
 def _project_gemm(args, cfg):
     from opentrn import projection
     from opentrn.report import markdown_table
@@ -123,9 +133,18 @@ def _project_gemm(args, cfg):
     dtype = _project_dtype(args, cfg)
     if args.compare_rtl:
         return _compare_rtl(args, cfg, m, k, n, dtype)
+    exact = args.core_model != "fast" and projection.exact_model_follows(cfg)
+    if exact:
+        progress = _Progress()
+        progress("one core: the exact cycle model runs the kernel's program"
+                 + (f" where the fast path estimates at most "
+                    f"{projection.EXACT_MAX_CYCLES:,} cycles" if args.core_model == "auto"
+                    else "") + " (--core-model fast skips it)")
     levels = projection.gemm_levels(cfg, m, k, n, dtype=dtype, cores=args.cores,
                                     chips=args.chips, parallel=args.parallel,
-                                    hop_latency_s=args.hop_latency)
+                                    hop_latency_s=args.hop_latency, model=args.core_model)
+    if exact:
+        progress("done")
     workload = {"kind": "gemm", "m": m, "k": k, "n": n, "dtype": dtype}
     curves = []
     if args.scaling or args.plot:
@@ -161,6 +180,7 @@ def _project_gemm(args, cfg):
         ("FLOPs", f"{first.flops:,}"),
         ("HBM bytes", f"{first.hbm_bytes:,} (inputs read once, output written once)"),
         ("intensity", f"{first.intensity:.1f} FLOPs per HBM byte (per chip: the table)"),
+        ("core cycles", _core_model_line(levels)),
     ]))
     print()
     print(markdown_table([{
@@ -329,6 +349,8 @@ def _cmd_project(args):
     _output_file("--plot", args.plot)
     if args.compare_scalesim and not args.gemm:
         raise ConfigError("--compare-scalesim: needs --gemm M,K,N")
+    if args.core_model != "auto" and not args.gemm:
+        raise ConfigError(f"--core-model={args.core_model}: needs --gemm M,K,N")
     if args.peaks:
         return _project_peaks(args, cfg)
     try:

@@ -29,6 +29,7 @@ class Estimate:
     macs: int               # useful multiply-accumulates, m * k * n
     dma_bytes: int          # bytes moved between HBM and the SBUF
     steps: int              # steps of the schedule (docs/kernels.md)
+    model: str = "fast path"    # where the cycles come from ("exact": predict's)
 
 
 def _words(start, length, width):
