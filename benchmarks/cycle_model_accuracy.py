@@ -7,7 +7,9 @@
    benchmark's shapes, then ``--shapes`` seeded random shapes per preset and format (K = 1,
    K much larger than M and N, sizes just past a tile, a PSUM bank or the SBUF's K tiles,
    and log-uniform ones); and ``--trainium-shapes`` random shapes per format on ``trn3``
-   with the one DMA engine the RTL builds.
+   with the one DMA engine the RTL builds. Beside them, what ``opentrn project`` reports
+   for one core (the exact model's cycles where it follows the configuration and the kernel
+   is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``).
 3. Speed: ``predict``'s cycles per second; the fast path on an 8192^3 GEMM of a ``trn3``
    core; a sweep of 1,000 configurations.
 
@@ -25,7 +27,7 @@ import time
 
 import numpy as np
 
-from opentrn import config, cycle_model, kernels, numerics
+from opentrn import config, cycle_model, kernels, numerics, projection
 from opentrn.cycle_model import COUNTERS
 from opentrn.report import markdown_table
 
@@ -118,12 +120,17 @@ def random_shapes(cfg, dtype, count, rng):
 
 
 def compare(cfg, label, dtype, shape, kind, rng):
-    """One row: the fast path's cycles against predict()'s for a GEMM of ``shape``."""
+    """One row: the fast path's cycles against predict()'s for a GEMM of ``shape``, and
+    what ``opentrn project`` reports for one core (the exact model's cycles where it
+    follows the configuration and the fast path estimates at most
+    ``projection.EXACT_MAX_CYCLES``, else the fast path's)."""
     exact = cycle_model.predict(gemm_program(cfg, shape, dtype, rng))["cycles"]
     fast = cycle_model.gemm(cfg, *shape, dtype=dtype).cycles
+    projected = (exact if projection.exact_model_follows(cfg)
+                 and fast <= projection.EXACT_MAX_CYCLES else fast)
     return {"preset": label, "format": dtype, "shapes": kind,
             "gemm": "x".join(map(str, shape)), "model_cycles": exact, "fast_cycles": fast,
-            "error": f"{100 * (fast - exact) / exact:+.1f}%"}
+            "error": f"{100 * (fast - exact) / exact:+.1f}%", "projected_cycles": projected}
 
 
 def fast_path_accuracy(presets, random_count):
@@ -177,6 +184,13 @@ def fast_path_summary(rows):
             out[f"{label} mean error"] = (f"{100 * sum(errors) / len(errors):.1f}%"
                                           if errors else "-")
             out[f"{label} over {100 * bound:.0f}%"] = sum(e > bound for e in errors)
+        # opentrn project's one-core cycles against the bounds.
+        out["projected over bound"] = sum(
+            abs(r["projected_cycles"] - r["model_cycles"]) / r["model_cycles"]
+            > (0.02 if r["model_cycles"] >= 5000 else 0.05) for r in group)
+        out["projected max error"] = "{:.1f}%".format(100 * max(
+            abs(r["projected_cycles"] - r["model_cycles"]) / r["model_cycles"]
+            for r in group))
         summary.append(out)
     return summary
 
