@@ -593,8 +593,8 @@ def scalesim(config, m, k, n, *, dtype=None):
     ``folds = ceil(K / R) x ceil(M / C)``, T = N moving vectors per fold), against this
     model's tensor engine (``golden.tensor_engine.schedule``: the folds in order, each a
     fresh stationary tile loaded in the background, then its N vectors in matmuls of at most
-    ``moving_max``) and against the cycle model's whole GEMM kernel (``cycle_model.gemm``:
-    ``tensor_busy`` and ``cycles``, DMA and activation included)."""
+    ``moving_max``) and against the cycle model's whole GEMM kernel (one core's, as
+    :func:`gemm` gets it: ``tensor_busy`` and ``cycles``, DMA and activation included)."""
     import numpy as np
 
     from opentrn.golden import tensor_engine
