@@ -188,6 +188,18 @@ def fast_path_bound(cycles):
     return 0.02 if cycles >= 5000 else 0.05
 
 
+def exact_and_fast(cfg, shape, dtype, rng):
+    """predict()'s counters of the library GEMM of ``shape`` (random inputs from ``rng``)
+    and the fast path's estimate of it."""
+    m, k, n = shape
+    a, b = (kernels.random_inputs(rng, dims, dtype) for dims in ((m, k), (k, n)))
+    extra = ({"block_scales": (kernels.random_scales(rng, k, m),
+                               kernels.random_scales(rng, k, n))}
+             if numerics.data_format(dtype).mx else {})
+    program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
+    return cycle_model.predict(program), cycle_model.gemm(cfg, m, k, n, dtype=dtype)
+
+
 @pytest.mark.parametrize("preset, dtype", [("tiny", "int8"), ("tiny", "bf16"),
                                            ("tiny", "mxfp8e4m3"), ("small", "int8")])
 def test_fast_path_agrees_with_the_model(preset, dtype):
@@ -195,14 +207,8 @@ def test_fast_path_agrees_with_the_model(preset, dtype):
     model's on every shape; its cycles are within fast_path_bound."""
     cfg = config.preset(preset)
     rng = np.random.default_rng(9)
-    mx = numerics.data_format(dtype).mx
     for m, k, n in FAST_SHAPES + (LARGE_SHAPES if preset == "small" else []):
-        a, b = (kernels.random_inputs(rng, shape, dtype) for shape in ((m, k), (k, n)))
-        extra = ({"block_scales": (kernels.random_scales(rng, k, m),
-                                   kernels.random_scales(rng, k, n))} if mx else {})
-        program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
-        exact = cycle_model.predict(program)
-        fast = cycle_model.gemm(cfg, m, k, n, dtype=dtype)
+        exact, fast = exact_and_fast(cfg, (m, k, n), dtype, rng)
         label = f"{preset} {dtype} {m}x{k}x{n}"
         assert (fast.macs, fast.tensor_busy, fast.dma_bytes) == \
             (exact["macs"], exact["tensor_busy"], exact["dma_bytes"]), label
@@ -222,16 +228,8 @@ MISALIGNED_SHAPES = [("tiny", "int8", (7, 228, 55)), ("tiny", "fp8e4m3", (7, 222
 def test_fast_path_walks_misaligned_rows(preset, dtype, shape):
     """Each DMA side's rows are walked from their own addresses (hdl/access_pattern.py):
     the fast path's cycles within 2% of predict()'s, its bytes equal."""
-    cfg = config.preset(preset)
-    rng = np.random.default_rng(23)
-    m, k, n = shape
-    a, b = (kernels.random_inputs(rng, dims, dtype) for dims in ((m, k), (k, n)))
-    extra = ({"block_scales": (kernels.random_scales(rng, k, m),
-                               kernels.random_scales(rng, k, n))}
-             if numerics.data_format(dtype).mx else {})
-    program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
-    exact = cycle_model.predict(program)
-    fast = cycle_model.gemm(cfg, m, k, n, dtype=dtype)
+    exact, fast = exact_and_fast(config.preset(preset), shape, dtype,
+                                 np.random.default_rng(23))
     assert fast.dma_bytes == exact["dma_bytes"]
     assert abs(fast.cycles - exact["cycles"]) <= 0.02 * exact["cycles"], \
         (fast.cycles, exact["cycles"])
@@ -261,15 +259,7 @@ def test_fast_path_agrees_with_the_model_at_trainium_size(dtype, shape):
     uses): macs, tensor-busy cycles and DMA bytes equal, cycles within 2% (docs/
     performance.md has a random sample)."""
     cfg = config.resolve("trn3", overrides=["dma_engines=1"])
-    rng = np.random.default_rng(17)
-    m, k, n = shape
-    a, b = (kernels.random_inputs(rng, dims, dtype) for dims in ((m, k), (k, n)))
-    extra = ({"block_scales": (kernels.random_scales(rng, k, m),
-                               kernels.random_scales(rng, k, n))}
-             if numerics.data_format(dtype).mx else {})
-    program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
-    exact = cycle_model.predict(program)
-    fast = cycle_model.gemm(cfg, m, k, n, dtype=dtype)
+    exact, fast = exact_and_fast(cfg, shape, dtype, np.random.default_rng(17))
     assert (fast.macs, fast.tensor_busy, fast.dma_bytes) == \
         (exact["macs"], exact["tensor_busy"], exact["dma_bytes"])
     assert abs(fast.cycles - exact["cycles"]) <= 0.02 * exact["cycles"], \
