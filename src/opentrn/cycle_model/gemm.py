@@ -340,7 +340,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         share = [per_tile * columns / sum(chunks) for columns in chunks]
         t = max(tensor_free, fetched[i])
         for c, columns in enumerate(share):
-            if k0 == 0 and len(epilogues) >= 2:
+            if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
                 t = max(t, epilogues[-2][0][c])
             t += columns
         tensor_free = tensor_end[i] = t + tensor[i] - per_tile
