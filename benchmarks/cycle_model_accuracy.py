@@ -40,11 +40,7 @@ def log(text):
 
 
 def gemm_program(cfg, shape, dtype, rng):
-    m, k, n = shape
-    a, b = kernels.random_inputs(rng, (m, k), dtype), kernels.random_inputs(rng, (k, n), dtype)
-    extra = ({"block_scales": (kernels.random_scales(rng, k, m), kernels.random_scales(rng, k, n))}
-             if numerics.data_format(dtype).mx else {})
-    return kernels.gemm(cfg, a.T.copy(), b, **extra)[0]
+    return kernels.random_gemm(cfg, rng, *shape, dtype)[0]
 
 
 def formats(cfg):

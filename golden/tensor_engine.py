@@ -269,8 +269,8 @@ def reload_guard(config):
 def issue_interval(config, n, *, fresh):
     """Steady-state cycles between the starts of back-to-back matmuls of ``n`` vectors:
     ``max(N, G + M)`` when each takes a fresh stationary tile (``G`` =
-    :func:`reload_guard`: ``K + M``, or ``M + 1`` with ``fast_weight_load``), ``N`` when it
-    reuses one."""
+    :func:`reload_guard`: ``K``, or 1 with ``fast_weight_load``), ``N`` when it reuses
+    one."""
     if fresh:
         return max(n, reload_guard(config) + load_cycles(config))
     return n

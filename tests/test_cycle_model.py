@@ -191,13 +191,8 @@ def fast_path_bound(cycles):
 def exact_and_fast(cfg, shape, dtype, rng):
     """predict()'s counters of the library GEMM of ``shape`` (random inputs from ``rng``)
     and the fast path's estimate of it."""
-    m, k, n = shape
-    a, b = (kernels.random_inputs(rng, dims, dtype) for dims in ((m, k), (k, n)))
-    extra = ({"block_scales": (kernels.random_scales(rng, k, m),
-                               kernels.random_scales(rng, k, n))}
-             if numerics.data_format(dtype).mx else {})
-    program, _ = kernels.gemm(cfg, a.T.copy(), b, **extra)
-    return cycle_model.predict(program), cycle_model.gemm(cfg, m, k, n, dtype=dtype)
+    program, _ = kernels.random_gemm(cfg, rng, *shape, dtype)
+    return cycle_model.predict(program), cycle_model.gemm(cfg, *shape, dtype=dtype)
 
 
 @pytest.mark.parametrize("preset, dtype", [("tiny", "int8"), ("tiny", "bf16"),

@@ -636,6 +636,16 @@ def random_scales(rng, rows, cols):
         np.uint8)
 
 
+def random_gemm(config: Config, rng, m, k, n, dtype):
+    """:func:`gemm` of ``C[m, n] = A[m, k] @ B[k, n]`` on random inputs (and, for an MX
+    format, random block scales) from ``rng``: ``(program, expected)``. For timing models,
+    which move no data."""
+    a, b = random_inputs(rng, (m, k), dtype), random_inputs(rng, (k, n), dtype)
+    extra = ({"block_scales": (random_scales(rng, k, m), random_scales(rng, k, n))}
+             if numerics.data_format(dtype).mx else {})
+    return gemm(config, a.T.copy(), b, **extra)
+
+
 def random_bias(rng, size, dtype, span):
     """A random bias: int32 in ``[-span, span)`` for int8, else standard normal FP32."""
     if dtype == "int8":

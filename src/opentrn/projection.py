@@ -238,12 +238,7 @@ def _core_gemm(config, m, k, n, dtype, model="auto"):
 
     from opentrn import kernels
     # The model moves no data: any inputs time the same.
-    rng = np.random.default_rng(0)
-    a, b = (kernels.random_inputs(rng, shape, dtype) for shape in ((m, k), (k, n)))
-    extra = ({"block_scales": (kernels.random_scales(rng, k, m),
-                               kernels.random_scales(rng, k, n))}
-             if numerics.data_format(dtype).mx else {})
-    program, _ = kernels.gemm(config, a.T.copy(), b, **extra)
+    program, _ = kernels.random_gemm(config, np.random.default_rng(0), m, k, n, dtype)
     counters = cycle_model.predict(program)
     return replace(fast, cycles=counters["cycles"], tensor_busy=counters["tensor_busy"],
                    dma_busy=counters["dma_busy"],

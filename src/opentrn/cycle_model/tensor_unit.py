@@ -6,6 +6,7 @@ from collections import deque
 from amaranth.utils import exact_log2
 
 from opentrn import numerics
+from opentrn.golden import tensor_engine
 from opentrn.hdl.tensor_unit import LOAD_JOBS, LOAD_WORDS, MATMUL_JOBS, MATMUL_WORDS
 from opentrn.isa import Opcode
 
@@ -77,7 +78,7 @@ class _TensorUnitModel:
         self.active_valid = False
         self.guard = 0
         # Advances from a swap to the next load into the retired bank (hdl/tensor_engine.py).
-        self.reload_guard = 1 if config.fast_weight_load else self.K
+        self.reload_guard = tensor_engine.reload_guard(config)
         self.load_column = 0
         self.results = deque()          # (cycle the result is written, last)
         self.results_fifo = 0           # matmuls with results in flight (FIFO K + M + S)
