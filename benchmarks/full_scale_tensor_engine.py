@@ -2,15 +2,19 @@
 """Benchmark the tensor engine at Trainium scale in simulation: the preset's array (every
 format it builds) built by Verilator, running ``test_full_matmuls`` of
 ``opentrn.sim.tb_tensor_engine`` (per format, K = the format's contraction, M = pe_cols,
-N = moving_max: a fresh stationary tile, then the tile reused), every result beat compared
-with the golden model for equality and with the documented cycle formulas.
+N = moving_max: a fresh stationary tile, then the tile reused), then ``test_back_to_back``
+(24 matmuls, each with a fresh tile, of N = the fresh-tile issue interval: 64 at 128x128
+with trn3's fast weight load), every result beat compared with the golden model for
+equality and with the documented cycle formulas.
 
     python benchmarks/full_scale_tensor_engine.py [--preset trn3] [--size 128] [--json]
 
 Reports the Verilog generation and Verilator build times (from an empty cache), the peak
 memory of the largest build process, the simulated cycles, the wall time of the simulation
-and the simulated cycles per second. docs/performance.md has the figures. Rerunning with
-the same cache (``OPENTRN_CACHE``) reuses the build and reports its recorded times.
+and the simulated cycles per second; for the fresh-tile stream, its N and the moving
+stream's idle cycles between its first and last vector (0: a matmul every N cycles).
+docs/performance.md has the figures. Rerunning with the same cache (``OPENTRN_CACHE``)
+reuses the build and reports its recorded times.
 """
 
 import argparse
@@ -20,6 +24,7 @@ import resource
 import sys
 
 from opentrn import config
+from opentrn.golden import tensor_engine as golden
 from opentrn.report import markdown_table
 from opentrn.sim import runner
 
@@ -34,6 +39,13 @@ def measure(cfg, progress):
     if not result.passed or len(result.reports) != 1:
         raise SystemExit(f"the full-size run failed: see {result.log}")
     record = result.reports[0]
+    n = golden.issue_interval(cfg, 1, fresh=True)
+    stream = runner.run(cfg, "opentrn.sim.tb_tensor_engine", "tensor_engine", "verilator",
+                        testcase="test_back_to_back", env={"OPENTRN_SEED": 1, "OPENTRN_N": n},
+                        progress=progress)
+    if not stream.passed or len(stream.reports) != 1:
+        raise SystemExit(f"the fresh-tile stream failed: see {stream.log}")
+    fresh = stream.reports[0]
     return {
         "array": f"{cfg.pe_rows}x{cfg.pe_cols}",
         "formats": "/".join(record["formats"]),
@@ -48,6 +60,11 @@ def measure(cfg, progress):
         "cycles": record["cycles"],
         "sim_s": round(result.seconds, 1),
         "cycles_per_s": round(record["cycles"] / result.seconds, 1),
+        "fresh_tile_n": fresh["n"],
+        "fresh_tile_matmuls": fresh["cases"],
+        "fresh_tile_idle": fresh["moving_idle_cycles"],
+        "fresh_tile_mismatches": fresh["mismatches"] + fresh["cycle_mismatches"],
+        "fresh_tile_sim_s": round(stream.seconds, 1),
     }
 
 
@@ -71,7 +88,9 @@ def main(argv=None):
         print(json.dumps(row, indent=1))
         return
     headers = ["array", "formats", "verilog_s", "build_s", "peak_build_mib", "matmuls",
-               "beats", "mismatches", "cycle_mismatches", "cycles", "sim_s", "cycles_per_s"]
+               "beats", "mismatches", "cycle_mismatches", "cycles", "sim_s", "cycles_per_s",
+               "fresh_tile_n", "fresh_tile_matmuls", "fresh_tile_idle",
+               "fresh_tile_mismatches", "fresh_tile_sim_s"]
     print(markdown_table([row], headers))
 
 

@@ -12,20 +12,23 @@ __all__ = ["ProcessingElementArray"]
 
 
 class ProcessingElementArray:
-    """``rows x cols`` PEs built for ``formats`` (``macs``: MACs per cycle of a format,
-    default 1). :meth:`outputs` are the block's registered outputs; :meth:`clock` applies one
+    """``rows x cols`` PEs of ``banks`` weight banks built for ``formats`` (``macs``: MACs
+    per cycle of a format, default 1), a weight write filling ``write_columns`` columns.
+    :meth:`outputs` are the block's registered outputs; :meth:`clock` applies one
     clock edge for the inputs of that cycle, as the hardware does: each PE takes the element
     registered by its left neighbour (or the row's input) and the partial sum registered by
     the PE above (or the column's input); registers advance with ``enable``; weights are
     written whatever ``enable``."""
 
-    def __init__(self, *, rows, cols, formats, macs=None, acc_bits=32):
+    def __init__(self, *, rows, cols, formats, macs=None, acc_bits=32, banks=2,
+                 write_columns=1):
         self.rows, self.cols, self.acc_bits = rows, cols, acc_bits
+        self.write_columns = write_columns
         self.rates = {name: (macs or {}).get(name, 1) for name in formats}
         self.formats = formats
         shape = (rows, cols)
-        self.weights = np.zeros((2, *shape), np.int64)
-        self.weight_scales = np.zeros((2, *shape), np.int64)
+        self.weights = np.zeros((banks, *shape), np.int64)
+        self.weight_scales = np.zeros((banks, *shape), np.int64)
         self.x = np.zeros(shape, np.int64)
         self.bank = np.zeros(shape, np.int64)
         self.format = np.zeros(shape, np.int64)
@@ -57,8 +60,9 @@ class ProcessingElementArray:
               weight_data, weight_column=None, x_scale_in=None, weight_scale=None):
         """One edge. Per-row inputs are sequences of ``rows`` values, per-column ones of
         ``cols``; the weight write is per row: row ``k`` writes ``weight_data[k]`` (and
-        ``weight_scale[k]``) into bank ``weight_bank[k]`` of column ``weight_column[k]``
-        (0 without it) when ``weight_we[k]``."""
+        ``weight_scale[k]``; with ``write_columns`` 2, pairs of values, the first column's
+        first) into bank ``weight_bank[k]`` of the columns from ``weight_column[k] *
+        write_columns`` (``weight_column`` 0 without it) when ``weight_we[k]``."""
         rows, cols = self.rows, self.cols
         weight_column = [0] * rows if weight_column is None else weight_column
         x_scale_in = [0] * rows if x_scale_in is None else x_scale_in
@@ -79,7 +83,8 @@ class ProcessingElementArray:
                     if name is None:
                         psum[r, c] = up[r, c]
                         continue
-                    bank = int(left["bank"][r, c])
+                    # A bank number past the last (never sent) reads the last bank.
+                    bank = min(int(left["bank"][r, c]), len(self.weights) - 1)
                     scales = {}
                     if numerics.data_format(name).mx:
                         scales = {"scale_weight": int(self.weight_scales[bank, r, c]),
@@ -91,7 +96,12 @@ class ProcessingElementArray:
             self.x, self.bank, self.format, self.x_scale = (
                 left["x"], left["bank"], left["format"], left["x_scale"])
             self.psum = psum
+        writes = self.write_columns
         for r in range(rows):
             if weight_we[r]:
-                self.weights[weight_bank[r], r, weight_column[r]] = weight_data[r]
-                self.weight_scales[weight_bank[r], r, weight_column[r]] = weight_scale[r]
+                data = np.broadcast_to(weight_data[r], writes)
+                scale = np.broadcast_to(weight_scale[r], writes)
+                for j in range(writes):
+                    column = weight_column[r] * writes + j
+                    self.weights[weight_bank[r], r, column] = data[j]
+                    self.weight_scales[weight_bank[r], r, column] = scale[j]

@@ -255,25 +255,33 @@ def latency(config):
 
 
 def load_cycles(config):
-    """Cycles of one stationary load: ``M`` (one tile column per cycle)."""
-    return config.pe_cols
+    """Cycles of one stationary load: ``M / c`` (``c = config.load_columns`` tile columns
+    per cycle)."""
+    return config.pe_cols // config.load_columns
 
 
 def reload_guard(config):
-    """Cycles from a swap to the first beat of the next load into the retired bank: ``K``,
-    or 1 with ``config.fast_weight_load`` (the load's rows are written skewed, behind the
-    retired tile's last vector)."""
+    """Cycles from a swap to the first beat of the next load into the bank it retired:
+    ``K``; 1 with ``config.fast_weight_load = 1`` (the load's rows are written skewed,
+    behind the retired tile's last vector); ``max(1, M / 2 - 1)`` with 2 (two columns a
+    cycle overtake that vector by a column a cycle, so the load starts late enough to
+    write column ``M - 1`` behind it)."""
+    if config.fast_weight_load == 2:
+        return max(1, config.pe_cols // 2 - 1)
     return 1 if config.fast_weight_load else config.pe_rows
 
 
 def issue_interval(config, n, *, fresh):
     """Steady-state cycles between the starts of back-to-back matmuls of ``n`` vectors:
-    ``max(N, G + M)`` when each takes a fresh stationary tile (``G`` =
-    :func:`reload_guard`: ``K``, or 1 with ``fast_weight_load``), ``N`` when it reuses
-    one."""
-    if fresh:
-        return max(n, reload_guard(config) + load_cycles(config))
-    return n
+    ``N`` when each reuses the tile in use; with a fresh stationary tile each,
+    ``max(N, G + M)`` (``G`` = :func:`reload_guard`: ``K``, or 1 with
+    ``fast_weight_load = 1``) with two weight banks, and ``max(N, M / 2)`` with the third
+    bank of ``fast_weight_load = 2`` (a load of ``L = M / 2`` cycles then waits for the swap
+    two tiles back, ``(G + L) / 2 < L`` cycles a matmul)."""
+    if not fresh:
+        return n
+    guard, load = reload_guard(config), load_cycles(config)
+    return max(n, load, -(-(guard + load) // (config.weight_banks - 1)))
 
 
 @dataclass(frozen=True)
@@ -313,18 +321,23 @@ def schedule(config, program):
     beats as early as possible and the result stream is always ready."""
     if not program or program[0].stationary is None:
         raise ValueError("the first matmul of a program must load a stationary tile")
-    guard, lat = reload_guard(config), latency(config)
+    guard, lat, load = reload_guard(config), latency(config), load_cycles(config)
+    banks = config.weight_banks
     load_starts, starts, results = [], [], []
-    previous_swap = None
+    swaps = []                             # the start of each matmul with a fresh tile
     next_free = 0                          # first cycle the moving stream is free
     for op in program:
         n = np.asarray(op.moving).shape[1]
         start = next_free
         if op.stationary is not None:
-            load_start = 0 if previous_swap is None else previous_swap + guard
+            # After the previous load, into a bank once the swap that retired it (banks - 1
+            # tiles back; the first loads fill the banks never used) is ``guard`` behind.
+            load_start = load_starts[-1] + load if load_starts else 0
+            if len(swaps) >= banks - 1:
+                load_start = max(load_start, swaps[-(banks - 1)] + guard)
             load_starts.append(load_start)
-            start = max(start, load_start + load_cycles(config))
-            previous_swap = start
+            start = max(start, load_start + load)
+            swaps.append(start)
         starts.append(start)
         results.append([start + i + lat for i in range(n)])
         next_free = start + n

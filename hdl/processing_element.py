@@ -10,7 +10,7 @@ from .fp_adder import FPAdder
 from .fp_multiplier import FPMultiplier
 from .params import refusing
 
-__all__ = ["ProcessingElement", "MAX_MACS", "MAX_MULTIPLY_STAGES"]
+__all__ = ["ProcessingElement", "MAX_MACS", "MAX_MULTIPLY_STAGES", "MAX_BANKS"]
 
 #: Bits of an int8 element: the integer path reads the low byte of the element registers.
 _INT8_BITS = 8
@@ -18,6 +18,8 @@ _INT8_BITS = 8
 MAX_MACS = 16
 #: The most registers between a PE's multipliers and its adders.
 MAX_MULTIPLY_STAGES = 4
+#: The most weight banks a PE is built with (the tensor engine uses 2 or 3).
+MAX_BANKS = 4
 
 
 def _check(in_bits, acc_bits, formats, macs):
@@ -56,12 +58,14 @@ def _check(in_bits, acc_bits, formats, macs):
 
 
 class ProcessingElement(wiring.Component):
-    """A multiply-accumulate cell with two weight registers, doing ``macs[F]`` (default 1)
-    multiply-accumulates per cycle in format ``F``.
+    """A multiply-accumulate cell with ``banks`` weight registers (default 2), doing
+    ``macs[F]`` (default 1) multiply-accumulates per cycle in format ``F``.
 
-    The PE holds one weight column element in each of two banks. A moving element arrives
-    from the left with the number of the bank it is to be multiplied by and its format
-    code; the PE passes them to the right and sends down, by the format (docs/numerics.md):
+    The PE holds one weight column element in each of its banks (3 with the tensor engine's
+    two-column fast weight load, so that a tile can load while another waits for its swap).
+    A moving element arrives from the left with the number of the bank it is to be
+    multiplied by and its format code; the PE passes them to the right and sends down, by
+    the format (docs/numerics.md):
 
     * ``int8`` (code 0): ``psum_in + sum_j sext(x_j) * sext(w_j)``, wrapping to ``acc_bits``
       (two's complement);
@@ -90,7 +94,7 @@ class ProcessingElement(wiring.Component):
     the scales.
 
     Because every moving element carries its own bank number, a new stationary tile can be
-    written into one bank while the other bank's tile is still in use by elements in flight
+    written into one bank while another bank's tile is still in use by elements in flight
     (background weight load); no array-wide swap is needed. The format travels with the
     element too, so consecutive elements may be of different formats.
 
@@ -113,8 +117,8 @@ class ProcessingElement(wiring.Component):
         ``x_scale_out``, ``psum_out``) this cycle.
     x_in : ``In(unsigned(in_bits))``
         Moving element (raw bits) from the left neighbour (or the row's skew line).
-    bank_in : ``In(1)``
-        Weight bank that ``x_in`` is to be multiplied by.
+    bank_in : ``In(range(banks))``
+        Weight bank that ``x_in`` is to be multiplied by (below ``banks``).
     format_in : ``In(numerics.FORMAT_CODE_BITS)``
         Format code of ``x_in`` (and of the weight it meets).
     psum_in : ``In(signed(acc_bits))``
@@ -126,7 +130,7 @@ class ProcessingElement(wiring.Component):
     weight_we : ``In(1)``
         Write ``weight_data`` (and ``weight_scale``) into bank ``weight_bank`` this cycle
         (independent of ``enable``).
-    weight_bank : ``In(1)``
+    weight_bank : ``In(range(banks))``
     weight_data : ``In(unsigned(in_bits))``
 
     With an MX format in ``formats`` (only then):
@@ -141,7 +145,7 @@ class ProcessingElement(wiring.Component):
     """
 
     def __init__(self, *, in_bits, acc_bits, formats=("int8",), macs=None,
-                 multiply_stages=0):
+                 multiply_stages=0, banks=2):
         with refusing(self):
             self._floats, self._rates = _check(in_bits, acc_bits, formats,
                                                {} if macs is None else macs)
@@ -149,26 +153,30 @@ class ProcessingElement(wiring.Component):
                     or not 0 <= multiply_stages <= MAX_MULTIPLY_STAGES:
                 raise ValueError(f"multiply_stages={multiply_stages!r}: must be an integer "
                                  f"from 0 to {MAX_MULTIPLY_STAGES}")
+            if not isinstance(banks, int) or isinstance(banks, bool) \
+                    or not 2 <= banks <= MAX_BANKS:
+                raise ValueError(f"banks={banks!r}: must be an integer from 2 to {MAX_BANKS}")
         self._stages = multiply_stages
+        self._banks = banks
         self._in_bits = in_bits
         self._acc_bits = acc_bits
         self._formats = formats
         self._mx = any(numerics.data_format(name).mx for name in formats)
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
         self.shared_key = (in_bits, acc_bits, formats, tuple(sorted(self._rates.items())),
-                           multiply_stages)
+                           multiply_stages, banks)
         members = {
             "enable": In(1),
             "x_in": In(unsigned(in_bits)),
-            "bank_in": In(1),
+            "bank_in": In(range(banks)),
             "format_in": In(numerics.FORMAT_CODE_BITS),
             "psum_in": In(signed(acc_bits)),
             "x_out": Out(unsigned(in_bits)),
-            "bank_out": Out(1),
+            "bank_out": Out(range(banks)),
             "format_out": Out(numerics.FORMAT_CODE_BITS),
             "psum_out": Out(signed(acc_bits)),
             "weight_we": In(1),
-            "weight_bank": In(1),
+            "weight_bank": In(range(banks)),
             "weight_data": In(unsigned(in_bits)),
         }
         if self._mx:
@@ -194,24 +202,29 @@ class ProcessingElement(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        banks = range(self._banks)
         weights = [Signal(unsigned(self._in_bits), name=f"weight{bank}", reset_less=True)
-                   for bank in range(2)]
+                   for bank in banks]
         # The E8M0 scale of each bank's weight (MX formats only).
         scales = [Signal(numerics.E8M0_BITS, name=f"weight_scale{bank}", reset_less=True)
-                  for bank in range(2)] if self._mx else []
+                  for bank in banks] if self._mx else []
 
         with m.If(self.weight_we):
-            for bank in range(2):
+            for bank in banks:
                 with m.If(self.weight_bank == bank):
                     m.d.sync += weights[bank].eq(self.weight_data)
                     if self._mx:
                         m.d.sync += scales[bank].eq(self.weight_scale)
 
         weight = Signal(unsigned(self._in_bits))
-        m.d.comb += weight.eq(Mux(self.bank_in, weights[1], weights[0]))
         weight_scale = Signal(numerics.E8M0_BITS)
-        if self._mx:
-            m.d.comb += weight_scale.eq(Mux(self.bank_in, scales[1], scales[0]))
+        # A bank number past the last bank (never sent) reads the last bank.
+        with m.Switch(self.bank_in):
+            for bank in banks:
+                with m.Case(bank) if bank < self._banks - 1 else m.Default():
+                    m.d.comb += weight.eq(weights[bank])
+                    if self._mx:
+                        m.d.comb += weight_scale.eq(scales[bank])
 
         result = Signal(signed(self._acc_bits))
         is_float = Signal()

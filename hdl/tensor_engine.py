@@ -1,7 +1,7 @@
 """The tensor engine: a weight-stationary systolic array computing
 ``out[M, N] = stationary[K, M].T @ moving[K, N]`` (Trainium's ``nc_matmul`` semantics)."""
 
-from amaranth import Cat, Module, Signal, Value, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -37,17 +37,25 @@ def _element_shape(config):
 
 
 def stationary_layout(config):
-    """One stationary beat: column ``m`` of the stationary tile, one element per array row
-    (``stationary[:, m]``), as the SBUF delivers it (one element per partition): raw bits,
-    ``in_bits`` wide, whatever the format (the format comes with each moving vector).
+    """One stationary beat: ``c = config.load_columns`` columns of the stationary tile (1,
+    or 2 with ``fast_weight_load = 2``), one element per array row each, as the SBUF
+    delivers them (one element per partition): raw bits, ``in_bits`` wide, whatever the
+    format (the format comes with each moving vector).
+    ``data[j * K + k]`` is row ``k`` of the beat's column ``j`` (``stationary[k, c * b + j]``
+    for beat ``b``).
 
-    In a build with an MX format (:func:`mx_blocks` ``> 0``) also ``scale``: column ``m``'s
-    E8M0 scale code of each block of ``numerics.MX_BLOCK`` rows; row ``k``'s weight is
-    stored with ``scale[k // MX_BLOCK]``. Vectors of an MX format use the stored scales,
-    the others ignore them (so a tile of another format may carry anything there)."""
+    In a build with an MX format (:func:`mx_blocks` ``> 0``) also ``scale``: each column's
+    E8M0 scale code of each block of ``numerics.MX_BLOCK`` rows (``scale[j * blocks + i]``:
+    column ``j``, block ``i``); row ``k``'s weight is stored with its block's. Vectors of an
+    MX format use the stored scales, the others ignore them (so a tile of another format
+    may carry anything there)."""
+    columns = config.load_columns
+    blocks = mx_blocks(config)
+    scale = {"scale": data.ArrayLayout(unsigned(numerics.E8M0_BITS), columns * blocks)} \
+        if blocks else {}
     return data.StructLayout({
-        "data": data.ArrayLayout(_element_shape(config), config.pe_rows),
-        **_scale_fields(config),
+        "data": data.ArrayLayout(_element_shape(config), columns * config.pe_rows),
+        **scale,
     })
 
 
@@ -108,19 +116,26 @@ class TensorEngine(wiring.Component):
 
     Timing (``K = pe_rows``, ``M = pe_cols``; see docs/performance.md):
 
-    * a stationary load takes ``M`` beats, one column per cycle, into the idle weight bank;
+    * a stationary load takes ``M / c`` beats (``c = config.load_columns`` columns each: 1,
+      or 2 with ``fast_weight_load = 2``), one per cycle, into a bank no tile in use holds;
     * a moving vector accepted in cycle ``c`` produces its result beat in cycle
       ``c + K + M - 1 + S`` (``S = config.pe_multiply_stages``, registers between the PEs'
       multipliers and adders), one vector per cycle;
-    * a load into the bank just retired by a ``swap`` starts ``G`` cycles after that swap
-      and the next swap waits for the whole load, so a stream of matmuls that each take a
-      fresh tile issues one every ``max(N, G + M)`` cycles; matmuls that reuse a tile issue
-      back to back. Without ``config.fast_weight_load``, ``G = K``: a beat writes its
-      column into every row at once, so the old tile's last vectors must have passed every
-      row first. With it, ``G = 1``: a beat's element of row ``k`` travels down row ``k``'s
-      skew line with the moving elements and is written ``k`` cycles after the beat, so the
-      load follows the old tile's last vector through the array one column behind it
-      (``max(N, M + 1)``: 129 cycles at 128x128 instead of 256).
+    * the banks (2, or 3 with ``fast_weight_load = 2``) are used in turn. A load into the
+      bank a ``swap`` retired starts ``G`` cycles after that swap, and a swap waits for its
+      whole load, so a stream of matmuls that each take a fresh tile issues one every
+      ``max(N, G + M)`` cycles with two banks; matmuls that reuse a tile issue back to
+      back. Without ``config.fast_weight_load``, ``G = K``: a beat writes its column into
+      every row at once, so the old tile's last vectors must have passed every row first.
+      With 1, ``G = 1``: a beat's element of row ``k`` travels down row ``k``'s skew line
+      with the moving elements and is written ``k`` cycles after the beat, so the load
+      follows the old tile's last vector through the array one column behind it
+      (``max(N, M + 1)``: 129 cycles at 128x128 instead of 256). With 2, the beats are
+      skewed as with 1 and carry two columns, which gain a column a cycle on that vector,
+      so ``G = M / 2 - 1`` (at least 1) keeps column ``M - 1`` behind it; the third bank
+      lets the next tile load while the one before it waits for its swap (a load waits for
+      the swap two tiles back): ``max(N, M / 2)``, 64 cycles at 128x128
+      (``golden.tensor_engine.issue_interval``).
 
     Back-pressure: when ``result.valid`` is high and ``result.ready`` low, the whole array
     stalls (its registers hold), so nothing is dropped or duplicated.
@@ -128,8 +143,8 @@ class TensorEngine(wiring.Component):
     Members
     -------
     stationary : ``In(stream.Signature(stationary_layout(config)))``
-        Stationary tile columns (and, with an MX format, their scales), ``pe_cols`` beats
-        per load.
+        Stationary tile columns (and, with an MX format, their scales), ``pe_cols /
+        config.load_columns`` beats per load.
     moving : ``In(stream.Signature(moving_layout(config)))``
         Moving vectors (and, with an MX format, their scales).
     result : ``Out(stream.Signature(result_layout(config)))``
@@ -155,49 +170,79 @@ class TensorEngine(wiring.Component):
         advance = Signal()
         m.d.comb += advance.eq(~self.result.valid | self.result.ready)
 
-        # -- weight banks: the active one feeds matmuls, the other one takes loads ----------
-        fast = bool(cfg.fast_weight_load)
-        load_bank = Signal()            # bank that loads write; the active bank is ~load_bank
-        active_valid = Signal()         # a tile has been swapped in at least once
-        pending = Signal()              # a complete tile waits in load_bank for a swap
-        guard = Signal(range(rows))     # advances to wait before load_bank may be written
-        load_column = Signal(range(cols))
+        # -- weight banks: the active one feeds matmuls, the others take loads ---------------
+        # Banks are used in turn: a load writes the bank after the active one and the tiles
+        # waiting for their swap (``pending``), a swap makes the next bank active.
+        fast = cfg.fast_weight_load
+        banks, per_beat = cfg.weight_banks, cfg.load_columns
+        beats = cols // per_beat
+        active = Signal(range(banks), init=banks - 1)   # bank of the tile in use
+        active_valid = Signal()                 # a tile has been swapped in at least once
+        pending = Signal(range(banks))          # complete tiles waiting for their swap
+        load_bank = Signal(range(banks))        # the bank loads write
+        # Per bank, advances to wait after the swap that retired it before a load may
+        # write it, less one (the cycle the swap registers; golden
+        # tensor_engine.reload_guard is this plus one). Why these: below, at the swap.
+        guard_value = (rows - 1 if not fast else 0 if fast == 1
+                       else max(cols // 2 - 2, 0))
+        guards = [Signal(range(max(guard_value, 1) + 1), name=f"guard_{bank}")
+                  for bank in range(banks)]
+        load_guard = Signal.like(guards[0])
+        load_beat = Signal(range(beats))
 
+        def bank_after(bank, steps):
+            """The bank ``steps`` turns after ``bank`` (``steps < banks``)."""
+            return Mux(bank >= banks - steps, bank - (banks - steps), bank + steps)
+
+        # pending < banks - 1: bank_after(active, 1 + pending) is not the active bank.
+        m.d.comb += load_bank.eq(bank_after(active, 1) if banks == 2 else
+                                 Mux(pending == 0, bank_after(active, 1),
+                                     bank_after(active, 2)))
+        with m.Switch(load_bank):
+            for bank, guard in enumerate(guards):
+                with m.Case(bank):
+                    m.d.comb += load_guard.eq(guard)
         load = self.stationary.valid & self.stationary.ready
-        m.d.comb += self.stationary.ready.eq(advance & ~pending & (guard == 0))
+        m.d.comb += self.stationary.ready.eq(advance & (pending != banks - 1)
+                                             & (load_guard == 0))
+        load_complete = Signal()
         with m.If(load):
-            m.d.sync += load_column.eq(load_column + 1)
-            with m.If(load_column == cols - 1):
-                m.d.sync += [load_column.eq(0), pending.eq(1)]
+            m.d.sync += load_beat.eq(load_beat + 1)
+            with m.If(load_beat == beats - 1):
+                m.d.sync += load_beat.eq(0)
+                m.d.comb += load_complete.eq(1)
 
         swap = self.moving.payload.swap
-        m.d.comb += self.moving.ready.eq(advance & ((swap & pending) | (~swap & active_valid)))
+        m.d.comb += self.moving.ready.eq(advance & ((swap & (pending != 0))
+                                                    | (~swap & active_valid)))
         take = self.moving.valid & self.moving.ready
-        vector_bank = Signal()
-        m.d.comb += vector_bank.eq(~load_bank ^ swap)
-        with m.If(take & swap):
-            # The old active bank becomes the load bank. Its last vector entered row 0 in
-            # the previous cycle at the latest and uses column c of row k k+c cycles later.
-            # A skewed load (fast) writes column c of row k k+c cycles after its first beat
-            # at the earliest: behind that vector. Otherwise every row is written at once,
-            # so holding the next load back until K cycles after this one keeps every column
-            # write behind that vector in row K-1 (guard counts K-1 advances, then ready).
-            m.d.sync += [
-                load_bank.eq(~load_bank),
-                pending.eq(0),
-                active_valid.eq(1),
-            ]
-            if not fast:
-                m.d.sync += guard.eq(rows - 1)
-        with m.Elif(advance & (guard != 0)):
-            m.d.sync += guard.eq(guard - 1)
+        swapping = take & swap
+        vector_bank = Signal(range(banks))
+        m.d.comb += vector_bank.eq(Mux(swap, bank_after(active, 1), active))
+        m.d.sync += pending.eq(pending + load_complete - swapping)
+        with m.If(swapping):
+            m.d.sync += [active.eq(bank_after(active, 1)), active_valid.eq(1)]
+        # The old active bank is retired. Its last vector entered row 0 in the previous cycle
+        # at the latest and uses column c of row k k+c cycles later. Without the fast load,
+        # every row is written at once, so the next load into it waits until that vector
+        # has passed row K-1 (K cycles). With it, a load's rows are written skewed like the
+        # vectors, row k k cycles after its beat: one column a cycle stays behind that
+        # vector from the next cycle on; two columns a cycle gain a column a cycle on it, so
+        # they start late enough (M / 2 - 1 cycles) for column M - 1.
+        for bank, guard in enumerate(guards):
+            if guard_value == 0:
+                continue            # the pending count alone keeps the load a cycle behind
+            with m.If(swapping & (active == bank)):
+                m.d.sync += guard.eq(guard_value)
+            with m.Elif(advance & (guard != 0)):
+                m.d.sync += guard.eq(guard - 1)
 
         # -- the array: one block of pe_rows x pe_cols PEs ------------------------------------
         array = ProcessingElementArray(
             rows=rows, cols=cols, in_bits=cfg.in_bits, acc_bits=cfg.acc_bits,
             formats=self._formats, macs={name: cfg.macs_per_pe_cycle(name)
                                          for name in self._formats},
-            multiply_stages=cfg.pe_multiply_stages)
+            multiply_stages=cfg.pe_multiply_stages, banks=banks, write_columns=per_beat)
         m.submodules.array = shared(array)
 
         # Skew: row k sees a vector k advances after row 0, in step with the partial sums
@@ -220,7 +265,7 @@ class TensorEngine(wiring.Component):
 
         # A vector's element of row k travels with its bank, format and (MX) the scale of
         # row k's block: one line per row. With fast_weight_load the stationary beat's
-        # element of row k (its bank, column and scale) travels in the same line.
+        # elements of row k (their bank, column and scales) travel in the same line.
         blocks = mx_blocks(cfg)
         block_rows = mx_block_rows(cfg) if blocks else 0
         m.d.comb += [array.enable.eq(advance), array.psum_in.eq(0)]
@@ -240,11 +285,13 @@ class TensorEngine(wiring.Component):
             entering = [self.moving.payload.data[row], vector_bank, self.moving.payload.format]
             if blocks:
                 entering.append(self.moving.payload.scale[row // block_rows])
-            writing = [self.stationary.payload.data[row], load_bank]
-            if cols > 1:
-                writing.append(load_column)
+            writing = [Cat(self.stationary.payload.data[j * rows + row]
+                           for j in range(per_beat)), load_bank]
+            if beats > 1:
+                writing.append(load_beat)
             if blocks:
-                writing.append(self.stationary.payload.scale[row // block_rows])
+                writing.append(Cat(self.stationary.payload.scale[j * blocks + row // block_rows]
+                                   for j in range(per_beat)))
             lined = entering + writing if fast else entering
             skewed = delay_line(f"skew_{row}", Cat(*lined), row, skew_index, rows)
             fields = [len(Value.cast(value)) for value in lined]
@@ -253,17 +300,20 @@ class TensorEngine(wiring.Component):
                           for start, width in zip(starts, fields, strict=True)]
             x, bank, fmt, *scale = fields_out[:len(entering)]
             write = fields_out[len(entering):] if fast else [Value.cast(v) for v in writing]
-            weight_data, weight_bank, *column = write[:3 if cols > 1 else 2]
+            weight_data, weight_bank, *column = write[:3 if beats > 1 else 2]
             m.d.comb += [
                 row_field(array.x_in, row).eq(x),
                 row_field(array.bank_in, row).eq(bank),
                 row_field(array.format_in, row).eq(fmt),
+                # Writes only as the array advances: a load may write a column in the
+                # cycle the retired tile's last vector uses it (two columns a beat), which
+                # is right only if both happen in the same advance.
                 row_field(array.weight_we, row).eq(
-                    (load_in_flight[row - 1] if row else load) if fast else load),
+                    (load_in_flight[row - 1] & advance if row else load) if fast else load),
                 row_field(array.weight_bank, row).eq(weight_bank),
                 row_field(array.weight_data, row).eq(weight_data),
             ]
-            if cols > 1:
+            if beats > 1:
                 m.d.comb += row_field(array.weight_column, row).eq(column[0])
             if blocks:
                 m.d.comb += [

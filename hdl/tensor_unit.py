@@ -1,7 +1,7 @@
 """The tensor unit: executes the tensor engine's instructions (``LOAD_STATIONARY``,
 ``MATMUL``) by reading the SBUF, driving the systolic array and writing the PSUM."""
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -110,6 +110,11 @@ def _wrap_increment(value, depth):
     return Mux(value == depth - 1, 0, value + 1)
 
 
+def _wrap_add(value, step, depth):
+    """``(value + step) % depth`` for ``value < depth`` and ``step <= depth``."""
+    return Mux(value + step >= depth, value + step - depth, value + step)
+
+
 class _ColumnReader:
     """One path's column reader: a queue of jobs, an address generator that requests each
     job's SBUF words in order, a buffer of ``words`` words (a slot is reserved before its
@@ -123,16 +128,19 @@ class _ColumnReader:
     ``finish`` (the current job is complete: dequeue it). Outputs: ``space``,
     ``want``/``word`` (request), ``gen_job`` (the address generator's job), ``reserved``
     (words held or requested), ``job`` (the extractor's job), ``has_job``, ``col``,
-    ``in_data`` (``col < job.count``), ``word_ready`` (a word is held), ``column`` (column
-    ``col`` of the job in each of the first ``partitions`` partitions, zero-extended to
-    ``element_bits``: ``2 ** job.size`` adjacent bytes of one word, little-endian (one byte
-    without ``size``); column-aligned offsets and columns of at most one word keep a column
-    within one word). Only those partitions of a word are kept (a scale reader keeps one per
-    MX block).
+    ``in_data`` (``col < job.count``), ``word_ready`` (the words of the presented columns
+    are held), ``column`` (column ``col`` of the job in each of the first ``partitions``
+    partitions, zero-extended to ``element_bits``: ``2 ** job.size`` adjacent bytes of one
+    word, little-endian (one byte without ``size``); column-aligned offsets and columns of
+    at most one word keep a column within one word). Only those partitions of a word are
+    kept (a scale reader keeps one per MX block). With ``columns = 2`` a take consumes
+    columns ``col`` and ``col + 1``: also ``in_data_next`` and ``column_next``, the second
+    column, which is in the next word when the first ends its word (``word_ready`` then
+    needs both words).
     """
 
     def __init__(self, m, name, *, config, layout, jobs, words, col_max, partitions,
-                 element_bits):
+                 element_bits, columns=1):
         all_partitions, word_bytes, depth = sbuf.vector_geometry(config)
         self.push = Signal(name=f"{name}_push")
         self.push_job = Signal(layout, name=f"{name}_push_job")
@@ -152,6 +160,11 @@ class _ColumnReader:
         self.word_ready = Signal(name=f"{name}_word_ready")
         self.column = Signal(data.ArrayLayout(element_bits, partitions),
                              name=f"{name}_column")
+        self.columns = columns
+        if columns == 2:
+            self.in_data_next = Signal(name=f"{name}_in_data_next")
+            self.column_next = Signal(data.ArrayLayout(element_bits, partitions),
+                                      name=f"{name}_column_next")
         sizes = range(layout.members["size"].stop) if "size" in layout.members \
             else range(1)
 
@@ -198,15 +211,31 @@ class _ColumnReader:
         lane = Signal(exact_log2(word_bytes), name=f"{name}_lane")
         _select(m, self.job, queue, extract_at)
         size = self.job.size if len(sizes) > 1 else 0
+        last_lane = word_bytes - (Const(1) << size)
         m.d.comb += [
             lane.eq(self.job.lane + (self.col << size)),   # wraps within the word
             self.in_data.eq(self.col < self.job.count),
-            self.word_ready.eq(stored != 0),
         ]
-        columns = []
+        # A word is done after its last column or the job's last column (the next job
+        # reads its own words, even the same one): pops, one per column that ends one.
+        pops = [self.in_data & ((lane == last_lane) | (self.col == self.job.count - 1))]
+        if columns == 1:
+            m.d.comb += self.word_ready.eq(stored != 0)
+        else:
+            # The second column, in the next word when the first ends its word.
+            lane_next = Signal.like(lane, name=f"{name}_lane_next")
+            m.d.comb += [
+                lane_next.eq(lane + (Const(1) << size)),
+                self.in_data_next.eq(self.col + 1 < self.job.count),
+                self.word_ready.eq((stored != 0) & ((stored > 1) | ~self.in_data_next
+                                                    | (lane_next != 0))),
+            ]
+            pops.append(self.in_data_next & ((lane_next == last_lane)
+                                             | (self.col + 1 == self.job.count - 1)))
+        columns_out, next_out = [], []
         for p in range(partitions):
             part = ColumnBuffer(word_bytes=word_bytes, words=words, sizes=len(sizes),
-                                element_bits=element_bits)
+                                element_bits=element_bits, columns=columns)
             m.submodules[f"{name}_partition_{p}"] = shared(part)
             m.d.comb += [
                 part.fill.eq(self.response), part.fill_at.eq(fill_at),
@@ -215,18 +244,18 @@ class _ColumnReader:
             ]
             if len(sizes) > 1:
                 m.d.comb += part.size.eq(size)
-            columns.append(part.column)
+            columns_out.append(part.column)
+            if columns == 2:
+                next_out.append(part.column_next)
         # One assignment: one per partition into a slice would be quadratic (Amaranth
         # passes over every bit of the signal per assignment).
-        m.d.comb += self.column.eq(Cat(*columns))
-        # A word is done after its last column or the job's last column (the next job
-        # reads its own words, even the same one).
-        pop = Signal(name=f"{name}_pop")
-        m.d.comb += pop.eq(self.take & self.in_data
-                           & ((lane == word_bytes - (1 << size))
-                              | (self.col == self.job.count - 1)))
-        with m.If(pop):
-            m.d.sync += drain_at.eq(_wrap_increment(drain_at, words))
+        m.d.comb += self.column.eq(Cat(*columns_out))
+        if columns == 2:
+            m.d.comb += self.column_next.eq(Cat(*next_out))
+        pop = Signal(range(columns + 1), name=f"{name}_pop")
+        m.d.comb += pop.eq(Mux(self.take, sum(pops), 0))
+        with m.If(pop != 0):
+            m.d.sync += drain_at.eq(_wrap_add(drain_at, pop, words))
         m.d.sync += [
             stored.eq(stored + self.response - pop),
             reserved.eq(reserved + self.grant - pop),
@@ -234,7 +263,7 @@ class _ColumnReader:
         with m.If(self.finish):
             m.d.sync += [self.col.eq(0), extract_at.eq(_wrap_increment(extract_at, jobs))]
         with m.Elif(self.take):
-            m.d.sync += self.col.eq(self.col + 1)
+            m.d.sync += self.col.eq(self.col + columns)
 
 
 class TensorUnit(wiring.Component):
@@ -250,11 +279,13 @@ class TensorUnit(wiring.Component):
     swap before it). One SBUF read (a vector word of ``Config.vector_word_bytes``) serves up
     to ``vector_word_bytes / bytes`` columns, where ``bytes`` is the column size of the
     instruction's ``format`` (``numerics.column_bytes``: ``macs_per_pe_cycle`` elements of
-    1 byte for int8 and FP8, 2 for BF16); the array takes one column per cycle in every format.
+    1 byte for int8 and FP8, 2 for BF16); the array takes one moving column per cycle in
+    every format, and ``config.load_columns`` stationary columns (1, or 2 with
+    ``fast_weight_load = 2``, then from two words when a pair crosses one).
 
-    * A load: ``pe_cols`` stationary beats, column ``m < cols`` the ``bytes`` bytes at
-      ``sbuf_offset + m * bytes`` of partitions ``< rows`` (others 0), zero-extended to
-      ``in_bits``, then zero columns.
+    * A load: ``pe_cols`` stationary columns in beats of ``config.load_columns``, column
+      ``m < cols`` the ``bytes`` bytes at ``sbuf_offset + m * bytes`` of partitions
+      ``< rows`` (others 0), zero-extended to ``in_bits``, then zero columns.
     * A matmul: ``n`` moving vectors of its ``format`` (the ``bytes`` bytes at
       ``sbuf_offset + j * bytes`` of partitions ``<`` the tile's ``rows``, others 0), the
       first with ``swap`` when a load was accepted since the previous matmul, the final one
@@ -408,9 +439,10 @@ class TensorUnit(wiring.Component):
         self._check(m, loaded, load_pending, tile_format)
 
         partitions = sbuf.vector_geometry(cfg)[0]
+        per_beat = cfg.load_columns         # stationary columns per load beat
         loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=LOAD_JOBS,
                               words=LOAD_WORDS, col_max=m_cols, partitions=partitions,
-                              element_bits=cfg.in_bits)
+                              element_bits=cfg.in_bits, columns=per_beat)
         matmuls = _ColumnReader(m, "matmul", config=cfg, layout=_matmul_job(cfg),
                                 jobs=MATMUL_JOBS, words=MATMUL_WORDS, col_max=cfg.moving_max,
                                 partitions=partitions, element_bits=cfg.in_bits)
@@ -427,7 +459,7 @@ class TensorUnit(wiring.Component):
                 scale_of[path] = _ColumnReader(m, name, config=cfg,
                                                layout=_scale_job(cfg, col_max), jobs=jobs,
                                                words=words, col_max=col_max, partitions=blocks,
-                                               element_bits=8)
+                                               element_bits=8, columns=path.columns)
 
         # Program order of retirement: one bit per accepted instruction (1: a load). Deep
         # enough for every instruction in the queues and the array with one-vector matmuls.
@@ -564,13 +596,17 @@ class TensorUnit(wiring.Component):
             reader = scale_of[path]
             statements = [reader.take.eq(path.take & path.job.mx),
                           reader.finish.eq(path.finish & path.job.mx)]
-            for block in range(blocks):
-                used = path.job.mx & path.in_data & (block * block_rows < path.job.rows)
-                statements.append(payload.scale[block].eq(
-                    Mux(used, reader.column[block], numerics.E8M0_BIAS)))
+            beat = [(path.in_data, reader.column)]
+            if path.columns == 2:
+                beat.append((path.in_data_next, reader.column_next))
+            for j, (in_data, column) in enumerate(beat):
+                for block in range(blocks):
+                    used = path.job.mx & in_data & (block * block_rows < path.job.rows)
+                    statements.append(payload.scale[j * blocks + block].eq(
+                        Mux(used, column[block], numerics.E8M0_BIAS)))
             return ~path.job.mx | reader.word_ready, statements
 
-        # -- load path: pe_cols stationary beats per load --------------------------------
+        # -- load path: pe_cols / load_columns stationary beats per load ------------------
         stationary = engine.stationary
         load_scales_ready, load_scale_statements = scales(loads, stationary.payload)
         m.d.comb += [
@@ -578,14 +614,18 @@ class TensorUnit(wiring.Component):
                                 & (~loads.in_data | (loads.word_ready & load_scales_ready))),
             *load_scale_statements,
         ]
-        with m.If(loads.in_data):
-            for row in range(k_rows):
-                with m.If(row < loads.job.rows):
-                    m.d.comb += stationary.payload.data[row].eq(loads.column[row])
+        beat = [(loads.in_data, loads.column)]
+        if per_beat == 2:
+            beat.append((loads.in_data_next, loads.column_next))
+        for j, (in_data, column) in enumerate(beat):
+            with m.If(in_data):
+                for row in range(k_rows):
+                    with m.If(row < loads.job.rows):
+                        m.d.comb += stationary.payload.data[j * k_rows + row].eq(column[row])
         load_done = Signal()
         m.d.comb += [
             loads.take.eq(stationary.valid & stationary.ready),
-            load_done.eq(loads.take & (loads.col == m_cols - 1)),
+            load_done.eq(loads.take & (loads.col == m_cols - per_beat)),
             loads.finish.eq(load_done),
         ]
 

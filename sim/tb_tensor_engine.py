@@ -429,10 +429,13 @@ class TensorEngineBench:
             if op.stationary is not None:
                 # Raw bits in the weight registers, whatever format the vectors have.
                 tile = golden.pack(config, op.stationary, op.format)
-                for m in range(config.pe_cols):
-                    beat = {"data": [int(v) for v in tile[:, m]]}
+                per_beat = config.load_columns
+                for first in range(0, config.pe_cols, per_beat):
+                    columns = range(first, first + per_beat)
+                    beat = {"data": [int(v) for m in columns for v in tile[:, m]]}
                     if mx:
-                        beat["scale"] = [int(v) for v in op.scale_stationary[:, m]]
+                        beat["scale"] = [int(v) for m in columns
+                                         for v in op.scale_stationary[:, m]]
                     self.stationary.send(beat)
                 tile_scales = op.scale_stationary
             moving = golden.pack(config, op.moving, op.format)
@@ -577,11 +580,11 @@ async def test_random_backpressure(dut):
 @cocotb.test()
 async def test_back_to_back(dut):
     """Back-to-back matmuls of one N, cycle-exact. With a fresh tile every matmul and
-    N >= G + M (``golden.reload_guard``: K + M, or M + 1 with ``fast_weight_load``; the
-    default N), or with a reused tile, the background weight load keeps the moving stream
-    busy: not one idle cycle between matmuls."""
+    N >= ``golden.issue_interval`` (K + M; M + 1 with ``fast_weight_load = 1``; M / 2 with
+    2; the default N), or with a reused tile, the background weight load keeps the moving
+    stream busy: not one idle cycle between matmuls."""
     config, _, _ = _settings()
-    n = harness.setting("n", golden.reload_guard(config) + golden.load_cycles(config))
+    n = harness.setting("n", golden.issue_interval(config, 1, fresh=True))
     await _back_to_back(dut, "back_to_back", config, min(n, config.moving_max),
                         fresh=harness.setting("fresh", 1) != 0,
                         count=harness.setting("matmuls", 24))
@@ -640,6 +643,6 @@ async def _back_to_back(dut, name, config, n, *, fresh, count):
                     lambda config, rng, cases: uniform_program(config, rng, count, n, fresh),
                     check_cycles=True, extra={"n": n, "fresh": fresh})
     stats = harness.last_report()
-    if not fresh or n >= golden.reload_guard(config) + golden.load_cycles(config):
+    if not fresh or n >= golden.issue_interval(config, 1, fresh=True):
         assert stats["moving_idle_cycles"] == 0, \
             f"{stats['moving_idle_cycles']} idle cycles between back-to-back matmuls"

@@ -25,12 +25,13 @@ SIM_BUILDS = {
 #: (the fewest a config has): 128 FP processing elements, whose Verilog alone takes about
 #: 25 s to generate. Its testbench runs a short program (``test_mx_blocks``) on Icarus only
 #: (:func:`simulators_for`), about 35 s in all from a cold build cache. ``mx64-fast``: the
-#: same with the fast weight load (each block's stationary scales skewed down its rows).
+#: same with the two-column fast weight load (each block's stationary scales skewed down its
+#: rows, both columns' scales in one beat).
 MX_BUILDS = {
     "mx64": config.preset("tiny").replace(pe_rows=64, pe_cols=2, sbuf_partitions=64,
                                           dtypes=("int8", "mxfp8e4m3")),
 }
-MX_BUILDS["mx64-fast"] = MX_BUILDS["mx64"].replace(fast_weight_load=1)
+MX_BUILDS["mx64-fast"] = MX_BUILDS["mx64"].replace(fast_weight_load=2)
 
 
 def simulators_for(build):

@@ -85,6 +85,7 @@ def test_override_parsing():
     ("pe_multiply_stages=5", "pe_multiply_stages=5: must be between 0 and 4"),
     ("activation_input_stages=2", "activation_input_stages=2: must be 0 or 1"),
     ("activation_input_stages=-1", "activation_input_stages=-1: must be 0 or 1"),
+    ("fast_weight_load=3", "fast_weight_load=3: must be 0, 1 or 2"),
     ("moving_max=0", "moving_max=0: must be between 1 and psum_bank_entries=16"),
     ("moving_max=17", "moving_max=17: must be between 1 and psum_bank_entries=16"),
     ("sbuf_partitions=8", "sbuf_partitions=8: must equal pe_rows=4"),

@@ -24,14 +24,16 @@ BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
           # exactly on the simulated board: tests/test_board.py).
           "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2,
                                                         activation_input_stages=1),
-          # The fast weight load (on in trn2/trn3): a fresh tile every max(N, M + 1).
-          "tiny-fast": config.preset("tiny").replace(fast_weight_load=1)}
+          # The fast weight loads: a fresh tile every max(N, M + 1); with two columns a beat
+          # into three banks (on in trn2/trn3), every max(N, M / 2).
+          "tiny-fast": config.preset("tiny").replace(fast_weight_load=1),
+          "tiny-fast2": config.preset("tiny").replace(fast_weight_load=2)}
 #: Random kernels per build: (build, simulator, count, largest dimension). The builds other
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.
 RANDOM_RUNS = [("tiny", "verilator", 30, 48), ("small", "icarus", 22, 24),
                ("tiny-bus16", "icarus", 6, 20), ("tiny-stages2", "icarus", 5, 20),
-               ("tiny-fast", "icarus", 6, 20)]
+               ("tiny-fast", "icarus", 6, 20), ("tiny-fast2", "icarus", 8, 20)]
 
 
 @pytest.mark.sim

@@ -96,7 +96,34 @@ def test_fast_weight_load_intervals():
     fresh = golden.schedule(cfg, _program(cfg, [2] * 6, [True] * 6))
     assert fresh.load_starts[1:] == [start + 1 for start in fresh.starts[:-1]]
     assert np.diff(fresh.starts).tolist() == [9] * 5
-    assert golden.issue_interval(config.preset("trn3"), 64, fresh=True) == 129
+    assert golden.issue_interval(config.preset("trn3").replace(fast_weight_load=1), 64,
+                                 fresh=True) == 129
+
+
+def test_two_column_fast_weight_load_intervals():
+    """Two columns a beat into three banks: a load of M / 2 cycles waits for the swap two
+    tiles back plus M / 2 - 1 cycles, so fresh tiles issue every max(N, M / 2); 64 at
+    trn3's 128x128."""
+    cfg = config.preset("small").replace(fast_weight_load=2)
+    assert (golden.load_cycles(cfg), golden.reload_guard(cfg)) == (4, 3)
+    assert golden.issue_interval(cfg, 1, fresh=True) == 4
+    assert golden.issue_interval(cfg, 6, fresh=True) == 6
+    fresh = golden.schedule(cfg, _program(cfg, [1] * 8, [True] * 8))
+    assert np.diff(fresh.load_starts).tolist() == [4] * 7       # back to back
+    assert np.diff(fresh.starts).tolist()[1:] == [4] * 6
+    # Long matmuls: a load waits for the swap two tiles back (tile 3's bank held tile 0,
+    # retired by tile 1's swap) plus the guard.
+    long = golden.schedule(cfg, _program(cfg, [10] * 6, [True] * 6))
+    assert long.load_starts[3:] == [start + 3 for start in long.starts[1:4]]
+    assert np.diff(long.starts).tolist() == [10] * 5
+    trn3 = config.preset("trn3")
+    assert trn3.fast_weight_load == 2 and trn3.weight_banks == 3
+    assert golden.issue_interval(trn3, 1, fresh=True) == 64
+    assert golden.issue_interval(trn3, 100, fresh=True) == 100
+    # The smallest array: M / 2 = 1 cycle a load, the guard at its least.
+    tiny = config.preset("tiny").replace(pe_cols=2, fast_weight_load=2)
+    assert (golden.load_cycles(tiny), golden.reload_guard(tiny)) == (1, 1)
+    assert golden.issue_interval(tiny, 1, fresh=True) == 1
 
 
 def test_schedule_needs_a_first_tile():

@@ -20,9 +20,11 @@ from .conftest import MX_BUILDS, SIM_BUILDS, require_simulator, sim_runs
 
 CASES_PER_RANDOM_TEST = 100
 
-#: The simulation builds, and tiny with the fast weight load (on both simulators: every
-#: format, the stationary elements skewed with the moving ones).
-BUILDS = {**SIM_BUILDS, "fast-tiny": SIM_BUILDS["tiny"].replace(fast_weight_load=1)}
+#: The simulation builds, and tiny with each fast weight load (on both simulators: every
+#: format, the stationary elements skewed with the moving ones; with 2, two columns a
+#: beat into three banks).
+BUILDS = {**SIM_BUILDS, "fast-tiny": SIM_BUILDS["tiny"].replace(fast_weight_load=1),
+          "fast2-tiny": SIM_BUILDS["tiny"].replace(fast_weight_load=2)}
 
 
 @pytest.mark.sim
@@ -56,9 +58,10 @@ def test_tensor_engine(sim, build, tmp_path):
     assert full["formats"] == sorted(cfg.dtypes) and full["cycles_checked"]
     assert full["cases"] == 2 * len(cfg.dtypes)
     # Background weight loads: N = K + M with a fresh tile each (M + 1 with the fast weight
-    # load), and N = 1 against one tile, both keep the array fed every cycle.
-    assert records["back_to_back"]["n"] == \
-        (cfg.pe_cols + 1 if cfg.fast_weight_load else cfg.pe_rows + cfg.pe_cols)
+    # load, M / 2 with two columns a beat), and N = 1 against one tile, both keep the array
+    # fed every cycle.
+    assert records["back_to_back"]["n"] == {0: cfg.pe_rows + cfg.pe_cols, 1: cfg.pe_cols + 1,
+                                            2: cfg.pe_cols // 2}[cfg.fast_weight_load]
     assert records["back_to_back"]["moving_idle_cycles"] == 0
     assert records["back_to_back_reused"]["moving_idle_cycles"] == 0
     if floats:
@@ -129,15 +132,22 @@ def test_tensor_engine_mx_blocks(sim, build):
 
 def _trainium_run(cfg):
     """``test_full_matmuls`` of ``cfg`` on Verilator (hierarchically built): bit-exact,
-    cycle-exact, every format of the build."""
+    cycle-exact, every format of the build; and ``test_back_to_back``: fresh tiles at the
+    fast weight load's interval (``M / 2``), cycle-exact with no idle cycle."""
     assert runner.build_info(runner.build(cfg, "tensor_engine", "verilator"))["hierarchical"]
     result = runner.run(cfg, "opentrn.sim.tb_tensor_engine", "tensor_engine", "verilator",
-                        testcase="test_full_matmuls", env={"OPENTRN_SEED": 1})
+                        testcase=["test_full_matmuls", "test_back_to_back"],
+                        env={"OPENTRN_SEED": 1})
     assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
-    record, = result.reports
+    records = {record["test"]: record for record in result.reports}
+    record = records["full_matmuls"]
     assert record["mismatches"] == 0 and record["cycle_mismatches"] == 0
     assert record["cycles_checked"] and record["formats"] == sorted(cfg.dtypes)
     assert record["cases"] == 2 * len(cfg.dtypes)
+    streak = records["back_to_back"]
+    assert streak["fresh"] and streak["n"] == golden.issue_interval(cfg, 1, fresh=True)
+    assert streak["mismatches"] == 0 and streak["cycle_mismatches"] == 0
+    assert streak["cycles_checked"] and streak["moving_idle_cycles"] == 0
     return record
 
 
@@ -146,7 +156,8 @@ def test_trn3_formats_32x32_on_verilator(monkeypatch):
     """A 32x32 array with every trn3 format (BF16, FP8 E4M3/E5M2, MXFP8 at 4 MACs per PE per
     cycle): a matmul per format with K = 32 rows x the format's MACs per cycle, M = 32 and
     N = moving_max (64 here, to keep the suite's time), fresh tile then reused, bit-exact and
-    cycle-exact. Built hierarchically per processing element, the quickest build (the
+    cycle-exact; 24 fresh tiles back to back every 16 cycles (M / 2: trn3's two-column fast
+    weight load). Built hierarchically per processing element, the quickest build (the
     full-size run uses blocks of 64; the logic is the same)."""
     require_simulator("verilator")
     monkeypatch.setenv("OPENTRN_HIER_BLOCK_PES", "1")

@@ -234,8 +234,15 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
      30),
     # trn3's 64-byte bus: the engines read 32-byte vector words (Config.vector_word_bytes).
     (TINY.replace(dma_bus_bytes=64), 8, 0.6, 0.8, 1.0, 30),
+    # Two stationary columns a beat (fast_weight_load 2): pairs that cross words, at every
+    # column size (an MXFP8 column is half of tiny's word), with slow grants.
+    (TINY.replace(fast_weight_load=2), 9, 1.0, 1.0, 1.0, 60),
+    (TINY.replace(fast_weight_load=2), 10, 0.5, 0.8, 0.8, 40),
+    (TINY.replace(fast_weight_load=2, pe_cols=8, moving_max=12, sbuf_bytes_per_partition=128),
+     11, 0.6, 0.8, 1.0, 30),
 ], ids=["tiny-full", "tiny-slow-sbuf", "tiny-backpressure", "tiny-acc16", "small",
-        "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus"])
+        "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus", "fast2-tiny-full",
+        "fast2-tiny-slow", "fast2-4x8"])
 def test_random_programs_match_golden(cfg, seed, grant, psum_ready, present, matmuls):
     program = _random_program(cfg, random.Random(seed), matmuls)
     stats = _run(cfg, program, seed=seed, grant=grant, psum_ready=psum_ready,
@@ -299,7 +306,9 @@ def _mx_image(cfg, rng, scale_region):
     return image.astype(np.uint8)
 
 
-@pytest.mark.parametrize("cfg", [TINY, MX64], ids=["tiny", "mx64"])
+@pytest.mark.parametrize("cfg", [TINY, MX64, TINY.replace(fast_weight_load=2),
+                                 MX64.replace(fast_weight_load=2)],
+                         ids=["tiny", "mx64", "fast2-tiny", "fast2-mx64"])
 def test_mx_matmuls_take_their_scales(cfg):
     """MX loads and matmuls with scales at offsets that start mid-word and cross words,
     tiles of fewer rows than a block (its scales still apply) and, on the 64-row array,
@@ -404,13 +413,17 @@ def test_reused_tile_issues_back_to_back(n):
     assert _idle(stats["busy"]) == 0
 
 
-@pytest.mark.parametrize("fast", [0, 1])
-@pytest.mark.parametrize("n", [1, 4, 7])
-def test_fresh_tiles_short_matmuls_at_the_engine_interval(n, fast):
-    """Below K + M vectors (M + 1 with the fast weight load) a fresh tile per matmul sets
-    the pace: one matmul every max(n, K + M) or max(n, M + 1) cycles (docs/performance.md),
-    nothing slower."""
-    cfg = TINY.replace(fast_weight_load=fast)
+# (fast_weight_load, pe_cols, n). Not (2, 4, 1): a matmul every 2 cycles would need two
+# SBUF words (its tile's and its vector's) every 2 cycles, the whole read port, which the
+# readers' request-response turnaround does not sustain (about 2.4 cycles a matmul).
+@pytest.mark.parametrize("fast, cols, n", [
+    (fast, 4, n) for fast in (0, 1) for n in (1, 4, 7)] + [
+    (2, 4, 4), (2, 4, 7), (2, 8, 1), (2, 8, 4), (2, 8, 7)])
+def test_fresh_tiles_short_matmuls_at_the_engine_interval(n, fast, cols):
+    """Below K + M vectors (M + 1 with the fast weight load, M / 2 with two columns a beat)
+    a fresh tile per matmul sets the pace: one matmul every max(n, K + M), max(n, M + 1) or
+    max(n, M / 2) cycles (docs/performance.md), nothing slower."""
+    cfg = TINY.replace(fast_weight_load=fast, pe_cols=cols)
     count = 10
     program = []
     for i in range(count):

@@ -82,13 +82,17 @@ class Config:
         cycles after it is handed over) and nothing of its throughput (the ``fpga`` preset
         has 1; docs/fpga.md, "Timing").
     fast_weight_load : int
-        0 or 1: 1 writes each stationary column into the array's idle weight bank row by
+        0, 1 or 2. 1 writes each stationary column into the array's idle weight bank row by
         row, skewed like the moving vectors (row ``k`` ``k`` cycles after row 0), so a load
         follows the wavefront of the tile it replaces instead of waiting ``pe_rows`` cycles
         for it to leave the array: back-to-back matmuls that each take a fresh tile issue
-        every ``max(N, pe_cols + 1)`` cycles instead of ``max(N, pe_rows + pe_cols)``
-        (docs/architecture.md, "Timing"). It costs a skew register per row for the
-        stationary column (as wide as the moving one). On in the ``trn2``/``trn3`` presets.
+        every ``max(N, pe_cols + 1)`` cycles instead of ``max(N, pe_rows + pe_cols)``. 2
+        also loads two columns a cycle (a load takes ``pe_cols / 2`` cycles) into a third
+        weight bank, so a tile loads while the next one waits for its swap: every
+        ``max(N, pe_cols / 2)`` cycles, 64 at 128x128 (docs/architecture.md, "Timing"). 1
+        costs a skew register per row for the stationary column (as wide as the moving
+        one); 2 twice that and a third weight register in every PE. 2 in the
+        ``trn2``/``trn3`` presets.
     acc_bits : int
         Width of the accumulator: two's-complement wrap-around for ``int8``; 32 (FP32) when
         any float format is in ``dtypes``.
@@ -193,7 +197,7 @@ class Config:
              "must be between 0 and 4")
         rule("activation_input_stages", 0 <= self.activation_input_stages <= 1,
              "must be 0 or 1")
-        rule("fast_weight_load", 0 <= self.fast_weight_load <= 1, "must be 0 or 1")
+        rule("fast_weight_load", 0 <= self.fast_weight_load <= 2, "must be 0, 1 or 2")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
              "(one matmul writes one PSUM bank)")
@@ -272,6 +276,18 @@ class Config:
         with its byte strobes would be wider than the widest Verilog vector Amaranth writes
         (docs/architecture.md, "The SBUF")."""
         return min(self.dma_bus_bytes, VECTOR_WORD_MAX_BYTES)
+
+    @property
+    def load_columns(self):
+        """Stationary columns the tensor engine loads per cycle: 2 with
+        ``fast_weight_load = 2``, else 1."""
+        return 2 if self.fast_weight_load == 2 else 1
+
+    @property
+    def weight_banks(self):
+        """Weight banks of every PE: 3 with ``fast_weight_load = 2`` (a tile loads while the
+        one before it waits for its swap), else 2."""
+        return 3 if self.fast_weight_load == 2 else 2
 
     @property
     def hbm_addr_bits(self):
@@ -389,7 +405,7 @@ def _trainium_core(core, chip, system, dtypes, pe_macs_per_cycle):
     return dict(
         pe_rows=core["pe_rows"], pe_cols=core["pe_cols"], dtypes=dtypes,
         pe_macs_per_cycle=pe_macs_per_cycle, acc_bits=32,
-        fast_weight_load=1,                  # Trainium's fast weight load (the reference file)
+        fast_weight_load=2,                  # Trainium's fast weight load (the reference file)
         moving_max=psum_bank_entries,        # N <= 512: one PSUM bank [nki-arch]
         sbuf_partitions=core["pe_rows"],
         sbuf_bytes_per_partition=core["sbuf_kib_per_partition"] * _KiB,

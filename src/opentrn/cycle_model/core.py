@@ -172,9 +172,9 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
         if loads.queue:
             job = loads.queue[0]
             in_data = loads.col < job["count"]
-            scale_ready = (not job["mx"]) or self.scales["load"].stored != 0
-            valid = (not in_data) or (loads.stored != 0 and scale_ready)
-            if valid and not self.pending and self.guard == 0:
+            scale_ready = (not job["mx"]) or self.scales["load"].word_ready()
+            valid = (not in_data) or (loads.word_ready() and scale_ready)
+            if valid and self._load_ready():
                 load_take = True
         # moving
         mm_take = False
@@ -185,7 +185,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             valid = (matmuls.stored != 0 and scale_ready
                      and (not first or self.results_fifo < K + M + self.stages))
             swap = first and job["swap"]
-            ready = (swap and self.pending) or (not swap and self.active_valid)
+            ready = (swap and self.pending != 0) or (not swap and self.active_valid)
             if valid and ready:
                 mm_take = True
         te_write = bool(self.results) and self.results[0][0] == cycle

@@ -14,11 +14,11 @@ from opentrn.isa import Opcode
 class _Reader:
     """One column reader of the tensor unit (hdl/tensor_unit.py ``_ColumnReader``)."""
 
-    __slots__ = ("jobs", "words", "width", "queue", "gen_pos", "gen_index", "reserved",
-                 "stored", "col")
+    __slots__ = ("jobs", "words", "width", "columns", "queue", "gen_pos", "gen_index",
+                 "reserved", "stored", "col")
 
-    def __init__(self, jobs, words, width):
-        self.jobs, self.words, self.width = jobs, words, width
+    def __init__(self, jobs, words, width, columns=1):
+        self.jobs, self.words, self.width, self.columns = jobs, words, width, columns
         self.queue = []        # jobs: dicts with first_word, last_word, lane, count, size, seq
         self.gen_pos = 0       # jobs of the queue whose words have all been requested
         self.gen_index = 0
@@ -43,6 +43,29 @@ class _Reader:
     def space(self):
         return len(self.queue) != self.jobs
 
+    def _lanes(self, job):
+        """``(lane, j)`` of the current take's columns ``col + j`` that are in the job."""
+        return [((job["lane"] + ((self.col + j) << job["size"])) & (self.width - 1), j)
+                for j in range(self.columns) if self.col + j < job["count"]]
+
+    def word_ready(self):
+        """The words of the current take's columns are held (``word_ready``): one, or two
+        when a second column starts the next word."""
+        if self.stored == 0:
+            return False
+        if self.columns == 1 or self.stored > 1:
+            return True
+        job = self.queue[0]
+        return not any(lane == 0 and j for lane, j in self._lanes(job))
+
+    def pops(self):
+        """Words the current take finishes: one per column in the data that ends its word
+        or the job."""
+        job = self.queue[0]
+        last = self.width - (1 << job["size"])
+        return sum(1 for lane, j in self._lanes(job)
+                   if lane == last or self.col + j == job["count"] - 1)
+
 
 def _place(offset, count, size, width, seq, **extra):
     """A reader's job: ``count`` columns of ``2 ** size`` bytes from byte ``offset``."""
@@ -59,12 +82,13 @@ class _TensorUnitModel:
         width = config.vector_word_bytes          # the SBUF's vector word
         self.K, self.M = config.pe_rows, config.pe_cols
         self.stages = config.pe_multiply_stages
-        self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width)
+        self.per_beat = config.load_columns
+        self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width, self.per_beat)
         self.matmuls = _Reader(MATMUL_JOBS, MATMUL_WORDS, width)
         self.mx = bool(numerics.mx_blocks(config))
         self.scales = {}
         if self.mx:
-            self.scales = {"load": _Reader(LOAD_JOBS, LOAD_WORDS, width),
+            self.scales = {"load": _Reader(LOAD_JOBS, LOAD_WORDS, width, self.per_beat),
                            "matmul": _Reader(MATMUL_JOBS, MATMUL_WORDS, width)}
         self.readers = [self.loads, self.matmuls, *self.scales.values()]
         self.te_locked = False
@@ -73,13 +97,16 @@ class _TensorUnitModel:
         self.sequence = 0
         self.load_pending = False
         self.tile_macs = 0
-        # The array: weight banks, the guard, results in flight.
-        self.pending = False
+        # The array: weight banks used in turn (the active one, tiles waiting for their
+        # swap, the one loads write), each bank's guard, results in flight.
+        self.banks = config.weight_banks
+        self.active = self.banks - 1
+        self.pending = 0
         self.active_valid = False
-        self.guard = 0
+        self.guards = [0] * self.banks
         # Advances from a swap to the next load into the retired bank (hdl/tensor_engine.py).
         self.reload_guard = tensor_engine.reload_guard(config)
-        self.load_column = 0
+        self.load_beat = 0
         self.results = deque()          # (cycle the result is written, last)
         self.results_fifo = 0           # matmuls with results in flight (FIFO K + M + S)
         self.order = deque()            # True: a load
@@ -88,6 +115,13 @@ class _TensorUnitModel:
         self.matmuls_done = 0
         self.matmul_done = False
         self.te_wrote = False           # a result was written last cycle (PSUM stage 1)
+
+    def _load_ready(self):
+        """The array takes a load beat (hdl/tensor_engine.py ``stationary.ready``): a bank
+        is free and its guard has run out."""
+        if self.pending == self.banks - 1:
+            return False
+        return self.guards[(self.active + 1 + self.pending) % self.banks] == 0
 
     def _tensor_ready(self, ins):
         if len(self.order) >= self.order_depth:
@@ -157,7 +191,7 @@ class _TensorUnitModel:
         loads, matmuls = self.loads, self.matmuls
         responding = self.te_responding
         # which readers take and finish
-        load_finish = load_take and loads.col == M - 1
+        load_finish = load_take and loads.col == M - self.per_beat
         mm_job = matmuls.queue[0] if matmuls.queue else None
         mm_first = mm_take and matmuls.col == 0
         mm_last = mm_take and matmuls.col == mm_job["count"] - 1
@@ -178,18 +212,22 @@ class _TensorUnitModel:
         self.te_owner = owner
         self.te_responding = owner if port_granted else -1
         # the array
+        complete = False
         if load_take:
-            if self.load_column == M - 1:
-                self.load_column = 0
-                self.pending = True
+            if self.load_beat == M // self.per_beat - 1:
+                self.load_beat = 0
+                complete = True
             else:
-                self.load_column += 1
+                self.load_beat += 1
+        guards = self.guards
+        for bank in range(self.banks):
+            if guards[bank]:
+                guards[bank] -= 1
         if mm_take and swap:
-            self.pending = False
+            guards[self.active] = self.reload_guard - 1
+            self.active = (self.active + 1) % self.banks
             self.active_valid = True
-            self.guard = self.reload_guard - 1
-        elif self.guard != 0:
-            self.guard -= 1
+        self.pending += complete - (mm_take and swap)
         if mm_take:
             self.results.append((cycle + K + M - 1 + self.stages, mm_last))
             if mm_first:
@@ -208,14 +246,8 @@ class _TensorUnitModel:
 
     def _reader_commit(self, reader, granted, response, take, finish):
         """One column reader's clock edge: ``granted`` its request, ``response`` its word
-        arrived, ``take`` its column consumed, ``finish`` its job done."""
-        pop = False
-        if take and reader.queue:
-            job = reader.queue[0]
-            if reader.col < job["count"]:
-                lane = (job["lane"] + (reader.col << job["size"])) & (reader.width - 1)
-                pop = (lane == reader.width - (1 << job["size"])
-                       or reader.col == job["count"] - 1)
+        arrived, ``take`` its columns consumed, ``finish`` its job done."""
+        pop = reader.pops() if take and reader.queue else 0
         if granted:
             reader.grant()
         reader.stored += response - pop
@@ -225,4 +257,4 @@ class _TensorUnitModel:
             reader.queue.pop(0)
             reader.gen_pos -= 1
         elif take:
-            reader.col += 1
+            reader.col += reader.columns
