@@ -189,22 +189,33 @@ class _Machine:
         _require(f["format"] in codes, isa.Fault.ILLEGAL_OPCODE)
         return numerics.column_bytes(self.config, codes[f["format"]].name)
 
-    def _check_scales(self, f, count):
-        """An MX instruction's scales (``count`` bytes from ``scale_offset``) lie in the
-        SBUF, else ``OUT_OF_RANGE``."""
+    def _check_scale_partition(self, f):
+        """An MX instruction's ``scale_partition`` is a multiple of the build's blocks
+        (``mx_blocks``), else ``BAD_FIELD``."""
         if numerics.format_of_code(f["format"]).mx:
-            _require(f["scale_offset"] + count <= self.config.sbuf_bytes_per_partition,
+            _require(f["scale_partition"] % numerics.mx_blocks(self.config) == 0,
+                     isa.Fault.BAD_FIELD)
+
+    def _check_scales(self, f, count):
+        """An MX instruction's scales (``count`` bytes from ``scale_offset`` in the blocks'
+        partitions from ``scale_partition``) lie in the SBUF, else ``OUT_OF_RANGE``."""
+        cfg = self.config
+        if numerics.format_of_code(f["format"]).mx:
+            _require(f["scale_offset"] + count <= cfg.sbuf_bytes_per_partition
+                     and f["scale_partition"] + numerics.mx_blocks(cfg) <= cfg.sbuf_partitions,
                      isa.Fault.OUT_OF_RANGE)
 
-    def _scales(self, rows, offset, count):
+    def _scales(self, rows, f, count):
         """The E8M0 scales of ``count`` columns of a tile of ``rows`` rows (partitions):
         ``[blocks, count]`` for the ``mx_blocks`` blocks of 32 elements of K
-        (``mx_block_rows`` partitions each), block ``b``'s from SBUF partition ``b`` at
-        ``offset``; blocks that start past ``rows`` get 127 (``2**0``)."""
+        (``mx_block_rows`` partitions each), block ``b``'s from SBUF partition
+        ``scale_partition + b`` at ``scale_offset``; blocks that start past ``rows`` get 127
+        (``2**0``)."""
         blocks = numerics.mx_blocks(self.config)
         used = -(-rows // numerics.mx_block_rows(self.config))
         scales = np.full((blocks, count), numerics.E8M0_BIAS, np.int64)
-        scales[:used] = self.images.sbuf[:used, offset:offset + count]
+        first, offset = f["scale_partition"], f["scale_offset"]
+        scales[:used] = self.images.sbuf[first:first + used, offset:offset + count]
         return scales
 
     def _check_load(self, f):
@@ -214,6 +225,7 @@ class _Machine:
         _require(1 <= f["rows"] <= cfg.pe_rows and 1 <= f["cols"] <= cfg.pe_cols,
                  isa.Fault.BAD_FIELD)
         _require(f["sbuf_offset"] % size == 0, isa.Fault.BAD_FIELD)
+        self._check_scale_partition(f)
         _require(f["sbuf_offset"] + f["cols"] * size <= cfg.sbuf_bytes_per_partition,
                  isa.Fault.OUT_OF_RANGE)
         self._check_scales(f, f["cols"])
@@ -245,7 +257,7 @@ class _Machine:
         if fmt.mx:
             self.tile_scales = np.full((numerics.mx_blocks(cfg), cfg.pe_cols),
                                        numerics.E8M0_BIAS, np.int64)
-            self.tile_scales[:, :cols] = self._scales(rows, f["scale_offset"], cols)
+            self.tile_scales[:, :cols] = self._scales(rows, f, cols)
 
     def _check_matmul(self, f):
         cfg = self.config
@@ -254,6 +266,7 @@ class _Machine:
         _require(1 <= f["n"] <= cfg.moving_max, isa.Fault.BAD_FIELD)
         _require(f["sbuf_offset"] % size == 0, isa.Fault.BAD_FIELD)
         _require(f["format"] == self.tile_format.code, isa.Fault.BAD_FIELD)
+        self._check_scale_partition(f)
         _require(f["sbuf_offset"] + f["n"] * size <= cfg.sbuf_bytes_per_partition
                  and f["psum_bank"] < cfg.psum_banks
                  and f["psum_entry"] + f["n"] <= cfg.psum_bank_entries,
@@ -280,7 +293,7 @@ class _Machine:
             scales = {}
             if fmt.mx:
                 scales = {"scale_stationary": self.tile_scales,
-                          "scale_moving": self._scales(rows, f["scale_offset"], n)}
+                          "scale_moving": self._scales(rows, f, n)}
             out = tensor_engine.matmul_float(self.stationary, moving, fmt.name, **scales)
             out[cols:] = 0
             if f["accumulate"]:

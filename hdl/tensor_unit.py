@@ -70,9 +70,18 @@ def _path_job(config, count_max):
     return fields
 
 
+def _scale_groups(config):
+    """Groups of ``mx_blocks`` partitions an MX instruction's scales may start at
+    (``scale_partition / mx_blocks``)."""
+    return config.sbuf_partitions // mx_blocks(config)
+
+
 def _scale_job(config, count_max):
-    """A scale reader's job: one E8M0 byte per column."""
-    return data.StructLayout(_common_job(config, count_max, columns=False))
+    """A scale reader's job: one E8M0 byte per column, from the partitions of ``group``
+    (with more than one group)."""
+    groups = _scale_groups(config)
+    return data.StructLayout({**_common_job(config, count_max, columns=False),
+                              **({"group": range(groups)} if groups > 1 else {})})
 
 
 def _load_job(config):
@@ -184,6 +193,11 @@ class _ColumnReader:
         m.d.sync += size.eq(size + self.push - self.finish)
 
         # -- address generator: words first_word..last_word of each job, in job order ----
+        # A job with a partition ``group`` (a scale reader's) keeps partitions
+        # ``group * partitions + p`` of its words: the group of each word granted, for its
+        # response in the next cycle.
+        groups = layout.members["group"].stop if "group" in layout.members else 1
+        fill_group = Signal(range(groups), name=f"{name}_fill_group")
         gen_job = Signal(layout, name=f"{name}_gen_job")
         gen_index = Signal(range(depth), name=f"{name}_gen_index")
         reserved = Signal(range(words + 1), name=f"{name}_reserved")   # held + in flight
@@ -194,6 +208,9 @@ class _ColumnReader:
             self.want.eq((to_generate != 0) & (reserved != words)),
         ]
         gen_done = Signal(name=f"{name}_gen_done")
+        if groups > 1:
+            with m.If(self.grant):
+                m.d.sync += fill_group.eq(gen_job.group)
         with m.If(self.grant):
             with m.If(self.word == gen_job.last_word):
                 m.d.comb += gen_done.eq(1)
@@ -239,9 +256,16 @@ class _ColumnReader:
             m.submodules[f"{name}_partition_{p}"] = shared(part)
             m.d.comb += [
                 part.fill.eq(self.response), part.fill_at.eq(fill_at),
-                part.fill_data.eq(self.response_data[p]),
                 part.drain_at.eq(drain_at), part.lane.eq(lane),
             ]
+            if groups == 1:
+                m.d.comb += part.fill_data.eq(self.response_data[p])
+            else:
+                with m.Switch(fill_group):
+                    for group in range(groups):
+                        with m.Case(group):
+                            m.d.comb += part.fill_data.eq(
+                                self.response_data[group * partitions + p])
             if len(sizes) > 1:
                 m.d.comb += part.size.eq(size)
             columns_out.append(part.column)
@@ -297,9 +321,11 @@ class TensorUnit(wiring.Component):
       the destination of the matmuls whose results are in flight.
     * An MX format (with ``mx_blocks`` blocks of 32 elements of K, ``mx_block_rows``
       partitions each): each path has a second column reader for the scales, byte
-      ``scale_offset + j`` of partitions ``b < mx_blocks`` (block ``b``'s E8M0 scale of
-      column ``j``), which go with column ``j`` (127, that is ``2**0``, for blocks that
-      start at or past the tile's ``rows``). The four readers share
+      ``scale_offset + j`` of partitions ``scale_partition + b``, ``b < mx_blocks`` (block
+      ``b``'s E8M0 scale of column ``j``; the reader keeps the ``mx_blocks`` partitions of
+      the instruction's group of each word it receives), which go with column ``j`` (127,
+      that is ``2**0``, for blocks that start at or past the tile's ``rows``). The four
+      readers share
       ``sbuf_read`` by age as above (a path's two by the fewer words reserved), so an MX
       instruction reads twice the words of an FP8 one.
     * Instructions retire in program order: a load once its last column entered the array,
@@ -394,6 +420,17 @@ class TensorUnit(wiring.Component):
             """``offset`` is not a multiple of ``2 ** size`` bytes."""
             return (offset & ((1 << size) - 1)) != 0
 
+        # An MX instruction's scale partition: a multiple of the blocks, the blocks within
+        # the partitions (mx_blocks and the partitions are powers of two).
+        blocks = mx_blocks(cfg)
+        block_bits = exact_log2(blocks) if blocks else 0
+
+        def scale_partition_misaligned(partition):
+            return partition[:block_bits] != 0 if block_bits else 0
+
+        def scale_partition_past(partition):
+            return partition + blocks > cfg.sbuf_partitions
+
         with m.If(self.check_valid):
             with m.Switch(mm.opcode):
                 with m.Case(int(isa.Opcode.LOAD_STATIONARY)):
@@ -401,20 +438,24 @@ class TensorUnit(wiring.Component):
                         m.d.comb += self.fault.eq(int(isa.Fault.ILLEGAL_OPCODE))
                     with m.Elif(load_pending | (load.rows == 0) | (load.rows > k_rows)
                                 | (load.cols == 0) | (load.cols > m_cols)
-                                | misaligned(load.sbuf_offset, load_size)):
+                                | misaligned(load.sbuf_offset, load_size)
+                                | (load_mx & scale_partition_misaligned(load.scale_partition))):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
                     with m.Elif((load.sbuf_offset + (load.cols << load_size) > size)
-                                | (load_mx & (load.scale_offset + load.cols > size))):
+                                | (load_mx & ((load.scale_offset + load.cols > size)
+                                              | scale_partition_past(load.scale_partition)))):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
                 with m.Case(int(isa.Opcode.MATMUL)):
                     with m.If(~mm_legal):
                         m.d.comb += self.fault.eq(int(isa.Fault.ILLEGAL_OPCODE))
                     with m.Elif(~loaded | (mm.n == 0) | (mm.n > cfg.moving_max)
                                 | misaligned(mm.sbuf_offset, mm_size)
-                                | (mm.format != tile_format)):
+                                | (mm.format != tile_format)
+                                | (mm_mx & scale_partition_misaligned(mm.scale_partition))):
                         m.d.comb += self.fault.eq(int(isa.Fault.BAD_FIELD))
                     with m.Elif((mm.sbuf_offset + (mm.n << mm_size) > size)
-                                | (mm_mx & (mm.scale_offset + mm.n > size))
+                                | (mm_mx & ((mm.scale_offset + mm.n > size)
+                                            | scale_partition_past(mm.scale_partition)))
                                 | (mm.psum_bank >= cfg.psum_banks)
                                 | (mm.psum_entry + mm.n > cfg.psum_bank_entries)):
                         m.d.comb += self.fault.eq(int(isa.Fault.OUT_OF_RANGE))
@@ -450,6 +491,7 @@ class TensorUnit(wiring.Component):
         # in partition b); its queue holds the path's MX jobs, in the same order.
         blocks = mx_blocks(cfg)
         block_rows = mx_block_rows(cfg) if blocks else 0
+        block_bits = exact_log2(blocks) if blocks else 0
         scale_of = {}
         if blocks:
             for path, jobs, words, col_max in ((loads, LOAD_JOBS, LOAD_WORDS, m_cols),
@@ -497,6 +539,9 @@ class TensorUnit(wiring.Component):
             m.d.comb += [
                 *place(scale_of[loads].push_job, load.scale_offset, load.cols),
                 *place(scale_of[matmuls].push_job, word.scale_offset, word.n),
+                *([scale_of[loads].push_job.group.eq(load.scale_partition >> block_bits),
+                   scale_of[matmuls].push_job.group.eq(word.scale_partition >> block_bits)]
+                  if _scale_groups(cfg) > 1 else []),
                 scale_of[loads].push.eq(accept & is_load & load_mx),
                 scale_of[matmuls].push.eq(accept & ~is_load & matmul_mx),
                 loads.push_job.mx.eq(load_mx),

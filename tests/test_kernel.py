@@ -129,11 +129,14 @@ class RaceChecker:
 
     def _scales(self, fmt, rows, f, count):
         """An MX instruction's scales: ``[ceil(rows / 32), count]`` bytes from
-        ``scale_offset`` of partitions ``0 ..``; ``None`` for the other formats."""
+        ``scale_offset`` of partitions ``scale_partition ..``; ``None`` for the other
+        formats."""
         if not fmt.mx:
             return None
         blocks = -(-(rows * self.cfg.macs_per_pe_cycle(fmt.name)) // numerics.MX_BLOCK)
-        return self.sbuf[:blocks, f["scale_offset"]:f["scale_offset"] + count].copy()
+        first = f["scale_partition"]
+        return self.sbuf[first:first + blocks,
+                         f["scale_offset"]:f["scale_offset"] + count].copy()
 
     def _matmul_float(self, f, fmt):
         cfg = self.cfg
@@ -624,8 +627,9 @@ def test_mx_kernel_errors():
     tile, scales, psum = k.sbuf(4, 16), k.sbuf(1, 16), k.psum(4)
     with pytest.raises(KernelError, match=r"scales=None: are required for mxfp8e4m3"):
         k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3")
-    with pytest.raises(KernelError, match=r"must be partitions 0..0 \(one per block of 32 "
-                                          r"elements of K: 32 rows\) x 4 bytes"):
+    with pytest.raises(KernelError, match=r"must be 1 partition\(s\) from a multiple of 1 "
+                                          r"\(one per block of 32 elements of K: 32 rows\) x "
+                                          r"4 bytes"):
         k.load_stationary(tile[:, 0:4], dtype="mxfp8e4m3", scales=scales[:, 0:3])
     with pytest.raises(KernelError, match=r"are for the MX formats, not fp8e4m3"):
         k.load_stationary(tile[:, 0:4], dtype="fp8e4m3", scales=scales[:, 0:4])
@@ -636,6 +640,14 @@ def test_mx_kernel_errors():
     with pytest.raises(KernelError, match=r"dtype='mxfp8e4m3': must be one of this build's "
                                           r"matmul formats: int8, bf16, fp8e4m3, fp8e5m2 "):
         Kernel(plain).load_stationary(Kernel(plain).sbuf(4, 4), dtype="mxfp8e4m3")
+    # A 32-row array at 4 MACs per PE per cycle: 4 blocks a K tile, whose scales start at a
+    # multiple of 4 partitions (scale_partition).
+    cfg = config.resolve("trn3", overrides=["pe_rows=32", "pe_cols=32", "sbuf_partitions=32"])
+    k = Kernel(cfg)
+    tile, scales = k.sbuf(32, 256), k.sbuf(32, 64)
+    with pytest.raises(KernelError, match=r"must be 4 partition\(s\) from a multiple of 4 "):
+        k.load_stationary(tile[:, 0:128], dtype="mxfp8e4m3", scales=scales[2:6, 0:32])
+    k.load_stationary(tile[:, 0:128], dtype="mxfp8e4m3", scales=scales[28:32, 0:32])
 
 
 # -- MX library kernels --------------------------------------------------------------------------
@@ -717,10 +729,11 @@ def test_mx_gemm_is_bit_exact(fmt, case):
 
 def test_mx_gemm_several_sbuf_passes():
     """MX with K cut into parts (the scale slots count in the SBUF budget): each part's
-    scales come with its elements; the PSUM keeps accumulating in K order."""
+    scales come with its elements; the PSUM keeps accumulating in K order. (K = 300 now
+    fits in one pass: four K tiles' scales share a byte range on tiny.)"""
     cfg = _mx_config("tiny")
     rng = np.random.default_rng(13)
-    M, K, N = 6, 300, 40
+    M, K, N = 6, 600, 40
     a_t, b = _mx_inputs(rng, "mxfp8e5m2", (K, M)), _mx_inputs(rng, "mxfp8e5m2", (K, N))
     sa, sb = _mx_scales(rng, K, M), _mx_scales(rng, K, N)
     program, expected = kernels.gemm(cfg, a_t, b, block_scales=(sa, sb))
@@ -1015,17 +1028,18 @@ def test_race_checker_catches_missing_waits(fmt):
 
 @pytest.mark.parametrize("fmt", ["int8", "bf16", "mxfp8e4m3"])
 def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
-    """32x256x64 on tiny: the moving block's K tiles fit the SBUF once, not twice, so the
+    """32x256x64 on tiny (MXFP8 32x384x64: four K tiles' scales share a byte range, so
+    256 fits twice): the moving block's K tiles fit the SBUF once, not twice, so the
     schedule keeps one moving slot (rather than cutting K and fetching B once per M tile)
     and refills it for the next block one K tile at a time, each descriptor waiting only
     for the matmuls of its K tile. Bit-exact on the golden machine, race-free, and the
     refill's waits are needed (without the DMA stream's waits some interleaving differs).
     B crosses the bus once: the DMA moves A once per block, B once and C once."""
-    M, K, N = 32, 256, 64
+    mx = numerics.data_format(fmt).mx
+    M, K, N = 32, 384 if mx else 256, 64
     cfg = TINY
     rate = cfg.macs_per_pe_cycle(fmt)
     e = numerics.column_bytes(cfg, fmt)
-    mx = numerics.data_format(fmt).mx
     width, kts, _, buffers = schedule.schedule_shape(
         cfg, columns=N, k_tiles=K // rate // cfg.pe_rows, m_tiles=M // cfg.pe_cols,
         moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0, element=e,

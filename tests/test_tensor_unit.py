@@ -40,14 +40,24 @@ def _elements(image, offset, count, fmt):
     return sum(raw[:, byte::size] << (8 * byte) for byte in range(size))
 
 
-def _scales(cfg, image, rows, offset, count):
+def _scales(cfg, image, rows, f, count):
     """An MX operand's E8M0 scales ``[blocks, count]`` (docs/isa.md): block ``b``'s from
-    partition ``b`` at ``offset`` for the blocks of the tile's ``rows``, 127 past them."""
+    partition ``scale_partition + b`` at ``scale_offset`` for the blocks of the tile's
+    ``rows``, 127 past them."""
     blocks = numerics.mx_blocks(cfg)
     scales = np.full((blocks, count), numerics.E8M0_BIAS, dtype=np.int64)
     used = -(-rows // numerics.MX_BLOCK)
-    scales[:used] = image[:used, offset:offset + count]
+    first, offset = f.get("scale_partition", 0), f["scale_offset"]
+    scales[:used] = image[first:first + used, offset:offset + count]
     return scales
+
+
+def _scale_partition(cfg, rng):
+    """A legal ``scale_partition``: a multiple of the build's blocks, the blocks within the
+    partitions; the first and the last group half of the time."""
+    blocks = numerics.mx_blocks(cfg)
+    groups = cfg.sbuf_partitions // blocks
+    return blocks * rng.choice([0, groups - 1, rng.randrange(groups)])
 
 
 def _reference(cfg, image, program):
@@ -64,7 +74,7 @@ def _reference(cfg, image, program):
             tile_macs = f["rows"] * f["cols"]
             rows, cols = f["rows"], f["cols"]
             if fmt.mx:
-                tile_scales = _scales(cfg, image, rows, f["scale_offset"], m_cols)
+                tile_scales = _scales(cfg, image, rows, f, m_cols)
                 tile_scales[:, cols:] = numerics.E8M0_BIAS
         else:
             assert f.get("format", 0) == fmt.code
@@ -75,7 +85,7 @@ def _reference(cfg, image, program):
             if fmt.mx:
                 out = golden_te.matmul_float(
                     tile, moving, fmt.name, scale_stationary=tile_scales,
-                    scale_moving=_scales(cfg, image, rows, f["scale_offset"], f["n"]))
+                    scale_moving=_scales(cfg, image, rows, f, f["n"]))
             else:
                 out = golden_te.matmul_bits(cfg, tile, moving, fmt.name)
             out[cols:] = 0
@@ -210,7 +220,8 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
             program.append((LOAD, {
                 "sbuf_offset": fmt.bytes * rng.randrange(size // fmt.bytes - cols + 1),
                 "rows": rows, "cols": cols, "format": fmt.code,
-                **({"scale_offset": rng.randrange(size - cols + 1)} if fmt.mx else {})}))
+                **({"scale_offset": rng.randrange(size - cols + 1),
+                    "scale_partition": _scale_partition(cfg, rng)} if fmt.mx else {})}))
         n = rng.choice([rng.randint(1, cfg.moving_max), rng.randint(1, 4)])
         last = size // fmt.bytes - n
         program.append((MATMUL, {
@@ -218,8 +229,8 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
             "n": n, "psum_bank": rng.randrange(cfg.psum_banks),
             "psum_entry": rng.randrange(cfg.psum_bank_entries - n + 1),
             "accumulate": rng.randrange(2), "format": fmt.code,
-            **({"scale_offset": rng.choice([rng.randrange(size - n + 1), size - n])}
-               if fmt.mx else {})}))
+            **({"scale_offset": rng.choice([rng.randrange(size - n + 1), size - n]),
+                "scale_partition": _scale_partition(cfg, rng)} if fmt.mx else {})}))
     return program
 
 
@@ -239,7 +250,7 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
     (TINY.replace(fast_weight_load=2), 9, 1.0, 1.0, 1.0, 60),
     (TINY.replace(fast_weight_load=2), 10, 0.5, 0.8, 0.8, 40),
     (TINY.replace(fast_weight_load=2, pe_cols=8, moving_max=12, sbuf_bytes_per_partition=128),
-     11, 0.6, 0.8, 1.0, 30),
+     12, 0.6, 0.8, 1.0, 30),
 ], ids=["tiny-full", "tiny-slow-sbuf", "tiny-backpressure", "tiny-acc16", "small",
         "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus", "fast2-tiny-full",
         "fast2-tiny-slow", "fast2-4x8"])
@@ -321,17 +332,27 @@ def test_mx_matmuls_take_their_scales(cfg):
     e4, e5 = (CODE[name] for name in ("mxfp8e4m3", "mxfp8e5m2" if "mxfp8e5m2" in cfg.dtypes
                                       else "mxfp8e4m3"))
     k, m = cfg.pe_rows, cfg.pe_cols
+    blocks = numerics.mx_blocks(cfg)
+    groups = cfg.sbuf_partitions // blocks
+
+    def partition(index):
+        """Each instruction's scales in another group of partitions, the last among them."""
+        return blocks * ((groups - 1 - 3 * index) % groups)
+
     program = []
     for i, (fmt, rows) in enumerate([(e4, k), (e5, k - 1), (e4, min(k, 20)), (CODE["int8"], k),
                                      (e5, min(k, 33)), (e4, 1)]):
         program.append((LOAD, {"sbuf_offset": 3 + 5 * i, "rows": rows, "cols": m,
-                               "format": fmt, "scale_offset": half + 3 + 7 * i}))
+                               "format": fmt, "scale_offset": half + 3 + 7 * i,
+                               "scale_partition": partition(4 * i)}))
         for j in range(3):
             program.append((MATMUL, {"sbuf_offset": 11 * i + 7 * j, "n": 1 + 5 * j,
                                      "psum_bank": j, "psum_entry": i, "accumulate": j % 2,
-                                     "format": fmt, "scale_offset": half + 13 * i + 9 * j}))
+                                     "format": fmt, "scale_offset": half + 13 * i + 9 * j,
+                                     "scale_partition": partition(4 * i + j + 1)}))
     program = [(op, f if numerics.format_of_code(f["format"]).mx
-                else {key: v for key, v in f.items() if key != "scale_offset"})
+                else {key: v for key, v in f.items()
+                      if key not in ("scale_offset", "scale_partition")})
                for op, f in program]
     # Blocks past a tile's rows count as 127, whatever the SBUF holds: put NaN scales there.
     rows = None
@@ -340,7 +361,8 @@ def test_mx_matmuls_take_their_scales(cfg):
         count = f["cols"] if op == LOAD else f["n"]
         if "scale_offset" in f:
             used = -(-rows // numerics.MX_BLOCK)
-            image[used:-(-k // numerics.MX_BLOCK), f["scale_offset"]:f["scale_offset"] + count] \
+            first = f["scale_partition"]
+            image[first + used:first + blocks, f["scale_offset"]:f["scale_offset"] + count] \
                 = numerics.E8M0_NAN
     _run(cfg, program, seed=cfg.pe_rows, grant=0.7, psum_ready=0.8, image=image)
 
@@ -531,6 +553,8 @@ def _loaded(fmt):
 
 _MX_LOAD = {"sbuf_offset": 5, "rows": 4, "cols": 4, "format": CODE["mxfp8e4m3"]}
 _MX_MATMUL = {**_GOOD_MATMUL, "format": CODE["mxfp8e4m3"]}
+_MX64_LOAD = {"rows": 64, "cols": 2, "format": CODE["mxfp8e4m3"]}
+_MX64_MATMUL = {"n": 1, "psum_bank": 0, "psum_entry": 0, "format": CODE["mxfp8e4m3"]}
 _SWITCHED = _loaded("fp8e4m3") + [(LOAD, {"rows": 1, "cols": 1, "format": CODE["fp8e5m2"]})]
 _ODD_BF16 = {"sbuf_offset": 3, "rows": 4, "cols": 4, "format": CODE["bf16"]}
 
@@ -597,17 +621,42 @@ FORMAT_RULES = {
          {**_MX_LOAD, "format": CODE["mxfp8e5m2"], "scale_offset": _B - 1}, RANGE),
         ("fp8-load-ignores-scale-offset", LOAD,
          {**_MX_LOAD, "format": CODE["fp8e4m3"], "scale_offset": 2**32 - 1}, NONE),
+        # ... and their partitions: one block a group on tiny, groups 0..3.
+        ("mx-load-last-scale-partition", LOAD, {**_MX_LOAD, "scale_partition": 3}, NONE),
+        ("mx-load-scale-partition-past", LOAD, {**_MX_LOAD, "scale_partition": 4}, RANGE),
+        ("mx-load-scale-partition-huge", LOAD, {**_MX_LOAD, "scale_partition": 255}, RANGE),
+        ("fp8-load-ignores-scale-partition", LOAD,
+         {**_MX_LOAD, "format": CODE["fp8e4m3"], "scale_partition": 255}, NONE),
     ]),
     "tiny-mx-tile": (TINY, _loaded("mxfp8e4m3"), [
         ("mx-matmul-ok", MATMUL, {**_MX_MATMUL, "scale_offset": _B - 16}, NONE),
         ("mx-matmul-scales-past-sbuf", MATMUL, {**_MX_MATMUL, "scale_offset": _B - 15},
          RANGE),
         ("mx-matmul-scales-huge", MATMUL, {**_MX_MATMUL, "scale_offset": 2**32 - 16}, RANGE),
+        ("mx-matmul-last-scale-partition", MATMUL, {**_MX_MATMUL, "scale_partition": 3},
+         NONE),
+        ("mx-matmul-scale-partition-past", MATMUL, {**_MX_MATMUL, "scale_partition": 4},
+         RANGE),
         ("mx-matmul-bad-before-scales", MATMUL, {**_MX_MATMUL, "n": 0, "scale_offset": _B},
          BAD),
         ("mx-tile-fp8-matmul", MATMUL, {**_MX_MATMUL, "format": CODE["fp8e4m3"]}, BAD),
         ("mx-e4m3-tile-e5m2-matmul", MATMUL, {**_MX_MATMUL, "format": CODE["mxfp8e5m2"]},
          BAD),
+    ]),
+    # Two blocks a group on the 64-row build: an odd partition is misaligned (BAD_FIELD,
+    # before the range rules), 62 the last group.
+    "mx64-scale-partitions": (MX_BUILDS["mx64"], [
+        (LOAD, {"rows": 64, "cols": 2, "format": CODE["mxfp8e4m3"]}),
+        (MATMUL, {"n": 1, "format": CODE["mxfp8e4m3"]})], [
+        ("mx64-load-partition-62", LOAD, {**_MX64_LOAD, "scale_partition": 62}, NONE),
+        ("mx64-load-odd-partition", LOAD, {**_MX64_LOAD, "scale_partition": 1}, BAD),
+        ("mx64-load-partition-64", LOAD, {**_MX64_LOAD, "scale_partition": 64}, RANGE),
+        ("mx64-odd-before-range", LOAD,
+         {**_MX64_LOAD, "scale_partition": 63, "scale_offset": 2**32 - 1}, BAD),
+        ("mx64-matmul-partition-62", MATMUL, {**_MX64_MATMUL, "scale_partition": 62}, NONE),
+        ("mx64-matmul-odd-partition", MATMUL, {**_MX64_MATMUL, "scale_partition": 7}, BAD),
+        ("mx64-matmul-partition-64", MATMUL, {**_MX64_MATMUL, "scale_partition": 64},
+         RANGE),
     ]),
     "tiny-latest-load": (TINY, _SWITCHED, [
         ("latest-load-counts", MATMUL, {**_GOOD_MATMUL, "format": 3}, NONE),

@@ -125,7 +125,9 @@ FORMATS = {
         Field("format", 128, 3, doc="element format (docs/numerics.md): 0 int8, 1 bf16, "
               "2 fp8e4m3, 3 fp8e5m2, 4 mxfp8e4m3, 5 mxfp8e5m2; one of Config.dtypes"),
         Field("scale_offset", 160, 32, doc="MX formats: byte offset of the E8M0 scales, "
-              "column m's for rows 32b..32b+31 in partition b"),
+              "column m's for rows 32b..32b+31 in partition scale_partition + b"),
+        Field("scale_partition", 192, 8, doc="MX formats: partition of block 0's scales, a "
+              "multiple of the build's blocks (mx_blocks)"),
     ),
     Opcode.MATMUL: (
         Field("sbuf_offset", 64, 32, doc="byte offset of moving column 0 in every partition"),
@@ -136,7 +138,9 @@ FORMATS = {
               "0: overwrite"),
         Field("format", 137, 3, doc="element format, that of the stationary tile"),
         Field("scale_offset", 160, 32, doc="MX formats: byte offset of the E8M0 scales, "
-              "column j's for rows 32b..32b+31 in partition b"),
+              "column j's for rows 32b..32b+31 in partition scale_partition + b"),
+        Field("scale_partition", 192, 8, doc="MX formats: partition of block 0's scales, a "
+              "multiple of the build's blocks (mx_blocks)"),
     ),
     Opcode.ACTIVATE: (
         Field("src", 64, 1, doc="0: PSUM (bank, entry); 1: SBUF int8 at src_offset "

@@ -868,8 +868,9 @@ class Kernel:
 
     def _scale_view(self, name, scales, fmt, rows, cols):
         """``(fields, accesses)`` of the E8M0 scales of an MX operand of ``rows`` x ``cols``:
-        an SBUF view of ``ceil(rows / 32)`` partitions from 0 (block ``b`` in partition
-        ``b``) and ``cols`` bytes; ``scales`` must be None for any other format."""
+        an SBUF view of ``ceil(rows * r / 32)`` partitions from a multiple of ``mx_blocks``
+        (block ``b`` in the view's partition ``b``: ``scale_partition``) and ``cols`` bytes;
+        ``scales`` must be None for any other format."""
         if not fmt.mx:
             if scales is not None:
                 _fail(name, scales, f"are for the MX formats, not {fmt.name}")
@@ -881,11 +882,12 @@ class Kernel:
         self._check_live(name, view)
         block_rows = numerics.mx_block_rows(self.config)
         blocks = -(-rows // block_rows)
-        if view.r0 != 0 or view.rows != blocks or view.cols != cols:
-            _fail(name, view, f"must be partitions 0..{blocks - 1} (one per block of "
-                  f"{numerics.MX_BLOCK} elements of K: {block_rows} rows) x {cols} bytes (one "
-                  "per column)")
-        return ({"scale_offset": view.base.offset + view.c0},
+        group = numerics.mx_blocks(self.config)      # the hardware's blocks a K tile
+        if view.r0 % group or view.rows != blocks or view.cols != cols:
+            _fail(name, view, f"must be {blocks} partition(s) from a multiple of {group} (one "
+                  f"per block of {numerics.MX_BLOCK} elements of K: {block_rows} rows) x "
+                  f"{cols} bytes (one per column)")
+        return ({"scale_offset": view.base.offset + view.c0, "scale_partition": view.r0},
                 [(self._key(view.base), False, self._rect(view))])
 
     def load_stationary(self, view, *, dtype: str = "int8", scales=None):
@@ -897,8 +899,9 @@ class Kernel:
         consecutive: ``S[p * r + j, m]`` is element ``j`` of column ``m`` of partition
         ``p`` (``r = 1``: ``S[k, m] = view[k, m]``).
         An MX format takes ``scales``, an SBUF view of ``ceil(rows * r / 32)`` partitions x
-        ``cols`` bytes: the E8M0 scale of column ``m`` for K ``32 b .. 32 b + 31`` in
-        partition ``b``."""
+        ``cols`` bytes from a partition that is a multiple of ``numerics.mx_blocks(config)``
+        (so the scales of several K tiles can share a byte range): the E8M0 scale of column
+        ``m`` for K ``32 b .. 32 b + 31`` in the view's partition ``b``."""
         cfg = self.config
         fmt = tensor_format(self.config, dtype)
         view = _as_view("view", view, (SbufTile,))

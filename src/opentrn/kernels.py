@@ -29,8 +29,13 @@ SBUF staging (double-buffered) -> one DMA per M tile and block.
 
 MX formats: the host re-lays each operand's scales per K tile (``_tile_scales``: row
 ``kt * Bt + b`` holds block ``(kt * R) // 32 + b``, ``Bt = ceil(R / 32)`` blocks per K tile of
-``R`` elements of K), so one DMA fetches a step's scales into a slot (block ``b`` in
-partition ``b``) alongside its element data, double-buffered the same way.
+``R`` elements of K), so one DMA fetches a step's scales into a slot alongside its element
+data, double-buffered the same way. A K tile's scales take ``Bt`` partitions of a byte
+range, so ``G = partitions / Bt`` K tiles share one (:func:`~opentrn.schedule.scale_groups`):
+K tile ``i`` of a slot in partitions ``(i % G) * Bt ..`` at byte column ``i // G`` (the
+instructions' ``scale_partition``); a slot is ``ceil(K tiles / G)`` bytes a column, not one
+per K tile. (The 2-layer MLP keeps one K tile a byte column: its second layer's K tiles
+have fewer blocks.)
 
 A format with ``r`` multiply-accumulates per PE per cycle (``Config.pe_macs_per_cycle``:
 Trainium's FP8 "double row" and MXFP8 matmuls) contracts ``r`` consecutive elements of K
@@ -572,11 +577,13 @@ def mlp(config: Config, x_t, w1, b1, w2, b2, *, requant=None, scales=None,
     OUT = k.output("out_t", (d_out, batch), format_dtype(out))
     hidden_tiles = -(-hidden // P)
     element = numerics.data_format(fmt).bytes
+    # groups=1: a K tile of layer 2 (pe_cols rows) may have fewer scale blocks than the
+    # hardware's mx_blocks, so its scales cannot share byte ranges in groups of them.
     sched = Schedule(k, columns=batch,
                       k_tiles=max(-(-d_in // cfg.pe_rows), hidden_tiles),
                       m_tiles=max(hidden_tiles, -(-d_out // P)),
                       moving_from_hbm=True, staging_out=size, resident_tiles=hidden_tiles,
-                      fixed_bytes=fixed, element=element, mx=mx)
+                      fixed_bytes=fixed, element=element, mx=mx, groups=1)
     bias1, bias2 = sched.load_bias(B1), sched.load_bias(B2)
     unit_tile = None
     if mx:

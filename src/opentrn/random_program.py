@@ -31,7 +31,8 @@ or a count outside its rule, an offset or bank past a buffer, a descriptor that 
 refuses (each of its five refusal codes), a wait that never holds, a misaligned program
 pointer or a stream that runs past the end of HBM.
 
-Everything is drawn from ``random.Random(seed)``: the same seed and configuration give the
+Everything is drawn from ``random.Random(seed)`` (the data, an injected fault and the MX
+scale partitions from streams of their own): the same seed and configuration give the
 same program, and :func:`assemble` of a subset of ``Program.operations`` is how a failing
 program shrinks.
 """
@@ -154,8 +155,11 @@ def _side_box(side, row_bytes, n1, n2):
 
 
 class _Generator:
-    def __init__(self, config, rng):
+    def __init__(self, config, rng, scale_rng=None):
         self.config, self.rng = config, rng
+        # MX scale partitions come from their own stream, so that the rest of a seed's
+        # program is what it was before the ISA had them.
+        self.scale_rng = scale_rng or random.Random(0)
         self.layout = _Layout(config, rng)
         self.formats = [f.name for f in numerics.matmul_formats(config)]
         self.out_formats = [f.name for f in numerics.activation_formats(config)]
@@ -226,14 +230,18 @@ class _Generator:
     # -- tensor -----------------------------------------------------------------------------
 
     def _scales(self, fmt, count):
-        """The scale offset of an MX operand of ``count`` columns and its access."""
+        """The scale offset and partition of an MX operand of ``count`` columns and its
+        access (the partition the first or the last group of ``mx_blocks`` half of the
+        time)."""
         if not numerics.data_format(fmt).mx:
             return {}, []
         blocks = numerics.mx_blocks(self.config)
+        groups = self.config.sbuf_partitions // blocks
         window = self.layout.sbuf_window
         offset = self.rng.randrange(window - count + 1)
-        return {"scale_offset": offset}, [
-            (Space.SBUF, False, _box(0, blocks - 1, offset, offset + count - 1))]
+        first = blocks * self.scale_rng.choice([0, groups - 1, self.scale_rng.randrange(groups)])
+        return {"scale_offset": offset, "scale_partition": first}, [
+            (Space.SBUF, False, _box(first, first + blocks - 1, offset, offset + count - 1))]
 
     def tensor(self):
         rng, cfg, lay = self.rng, self.config, self.layout
@@ -686,7 +694,7 @@ def generate(config, seed, *, operations=None, fault=None, keep=None):
     (``None``: a legal program); ``keep``: indices of the body operations to keep (shrinking:
     the others are left out, the rest drawn as before)."""
     rng = random.Random(seed)
-    gen = _Generator(config, rng)
+    gen = _Generator(config, rng, random.Random(seed + 3))
     count = operations if operations is not None else rng.randint(4, 40)
     body = gen.body(count)
     if keep is not None:

@@ -146,8 +146,22 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     return max(tensor, dma), hbm, dma >= tensor
 
 
+def scale_groups(cfg):
+    """K tiles whose MX scales share one byte range of a scale slot: the groups of
+    ``mx_blocks`` partitions (a K tile's scales) in the SBUF's partitions, K tile ``i`` of a
+    slot in group ``i % G`` at byte column ``i // G`` (``scale_partition``, docs/isa.md)."""
+    return cfg.sbuf_partitions // numerics.mx_blocks(cfg)
+
+
+def _groups(cfg, mx, groups):
+    """A tiling's scale groups: ``groups``, by default :func:`scale_groups` (1 without MX)."""
+    if not mx:
+        return 1
+    return scale_groups(cfg) if groups is None else groups
+
+
 def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out,
-                   fixed_bytes, resident_tiles, element=1, mx=False):
+                   fixed_bytes, resident_tiles, element=1, mx=False, groups=None):
     """The library kernels' tiling (docs/kernels.md, "The schedule"): ``(width, kts, m_block,
     moving_buffers)``, the columns of a block, the K tiles of a step, the M tiles per
     stationary descriptor and the moving slots (2, or 1 refilled a K tile at a time), the
@@ -156,6 +170,7 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
     P, chunk = cfg.pe_cols, cfg.moving_max
     banks_per_group = max(1, cfg.psum_banks // 2)
     align = max(4, cfg.dma_bus_bytes)
+    groups = _groups(cfg, mx, groups)
 
     def al(x):
         return -(-x // align) * align
@@ -164,8 +179,9 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
 
     def need(kts, w, mb=1, buffers=2):
         e = element
-        scales = (2 * al(kts * mb * P) + (buffers * al(kts * w) if moving_from_hbm else 0)
-                  if mx else 0)
+        columns_of = -(-kts // groups)           # byte columns of kts K tiles' scales
+        scales = (2 * al(columns_of * mb * P)
+                  + (buffers * al(columns_of * w) if moving_from_hbm else 0) if mx else 0)
         return (2 * al(kts * mb * P * e)
                 + (buffers * al(kts * w * e) if moving_from_hbm else 0)
                 + (2 * al(w * staging_out) if staging_out else 0)
@@ -234,13 +250,15 @@ class Schedule:
     """Tiles, sizes and the emission of a list of layers over column blocks."""
 
     def __init__(self, kernel: Kernel, *, columns, k_tiles, m_tiles, moving_from_hbm,
-                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False):
+                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False, groups=None):
         """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
         ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
         per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
         per block (MLP hidden), x 2; ``element``: bytes of an input column (its format's
         ``column_bytes``); ``mx``: an MX format, whose scale slots (one byte per column and
-        K tile, double-buffered like the element slots) count in the SBUF budget."""
+        K tile, double-buffered like the element slots) count in the SBUF budget;
+        ``groups``: K tiles whose scales share a byte range (default :func:`scale_groups`,
+        right when every layer's K tile has the hardware's ``mx_blocks`` blocks; else 1)."""
         self.k = kernel
         cfg = kernel.config
         self.cfg = cfg
@@ -251,8 +269,9 @@ class Schedule:
         width, kts, mb, buffers = schedule_shape(
             cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
             moving_from_hbm=moving_from_hbm, staging_out=staging_out, fixed_bytes=fixed_bytes,
-            resident_tiles=resident_tiles, element=element, mx=mx)
+            resident_tiles=resident_tiles, element=element, mx=mx, groups=groups)
         self.width, self.kts, self.m_block = width, kts, mb
+        self.scale_groups = groups = _groups(cfg, mx, groups)
         # One moving slot: a new block's moving data is fetched a K tile at a time, each
         # after the last M tile's matmuls of that K tile (emitted after them, run()).
         self.rolling = buffers == 1
@@ -266,13 +285,14 @@ class Schedule:
                          for _ in range(buffers)] if moving_from_hbm else [])
         self.staging = ([k.sbuf(self.P, width * staging_out) for _ in range(2)]
                         if staging_out else [])
-        # MX: the scales of the slots above, block b of each K tile (pe_rows rows) in
-        # partition b.
-        scale_parts = numerics.mx_blocks(cfg) if mx else 0
-        self.a_scale_slots = ([k.sbuf(scale_parts, kts * mb * self.P) for _ in range(2)]
-                              if mx else [])
-        self.b_scale_slots = ([k.sbuf(scale_parts, kts * width) for _ in range(buffers)]
-                              if mx and moving_from_hbm else [])
+        # MX: the scales of the slots above, block b of K tile i in partition
+        # (i % groups) * mx_blocks + b at byte column i // groups.
+        scale_parts = numerics.mx_blocks(cfg) * groups if mx else 0
+        scale_columns = -(-kts // groups)       # byte columns: groups K tiles each
+        self.a_scale_slots = ([k.sbuf(scale_parts, scale_columns * mb * self.P)
+                               for _ in range(2)] if mx else [])
+        self.b_scale_slots = ([k.sbuf(scale_parts, scale_columns * width)
+                               for _ in range(buffers)] if mx and moving_from_hbm else [])
         self.psum = [[k.psum(cfg.psum_bank_entries, bank=g * self.banks_per_group + c)
                       for c in range(self.banks_per_group)] for g in range(self.groups)]
         self.a_count = self.b_count = self.stage_count = self.group_count = 0
@@ -309,23 +329,37 @@ class Schedule:
             if step.last:
                 self._epilogue(step)
 
-    def _rows_3d(self, tensor, r0, r1, c0, cols, tile, kt_bytes, R, at=0):
+    def _rows_3d(self, tensor, r0, r1, c0, cols, tile, kt_bytes, R, at=0, partition=0):
         """DMA ``tensor[r0:r1, c0:c0+cols]`` into ``tile``: row ``r`` to partition
-        ``(r - r0) % R``, bytes ``at + ((r - r0) // R) * kt_bytes`` on: one descriptor for
-        the full K tiles, one for a partial last one."""
+        ``partition + (r - r0) % R``, bytes ``at + ((r - r0) // R) * kt_bytes`` on: one
+        descriptor for the full K tiles, one for a partial last one."""
         full = (r1 - r0) // R
         rb, e = tensor.row_bytes, tensor.itemsize
         if full:
-            self.k.dma_pattern(Pattern(tile, offset=at, stride2=kt_bytes, pstep1=1),
+            self.k.dma_pattern(Pattern(tile, offset=at, stride2=kt_bytes, pstep1=1,
+                                       partition=partition),
                                Pattern(tensor, offset=r0 * rb + c0 * e, stride1=rb,
                                        stride2=R * rb),
                                n0=cols, n1=R, n2=full, elem_bytes=e)
         rest = (r1 - r0) - full * R
         if rest:
-            self.k.dma_pattern(Pattern(tile, offset=at + full * kt_bytes, pstep1=1),
+            self.k.dma_pattern(Pattern(tile, offset=at + full * kt_bytes, pstep1=1,
+                                       partition=partition),
                                Pattern(tensor, offset=(r0 + full * R) * rb + c0 * e,
                                        stride1=rb),
                                n0=cols, n1=rest, elem_bytes=e)
+
+    def _scale_rows(self, tensor, kt0, kt1, first, c0, cols, tile, column_bytes, Bt):
+        """DMA the scales of K tiles ``kt0 .. kt1 - 1`` (rows ``kt * Bt ..`` of ``tensor``,
+        columns ``c0 ..``), the first being K tile ``first`` of ``tile``: K tile ``i``'s
+        block ``b`` to partition ``(i % groups) * Bt + b`` at byte column ``i // groups``
+        (``column_bytes`` each). With one group, each K tile in its own byte column of
+        partitions ``0 .. Bt - 1``."""
+        G = self.scale_groups
+        # One run of partitions from (first % G) * Bt: from a group's start, or one K tile.
+        assert first % G == 0 or kt1 - kt0 == 1, (first, kt0, kt1)
+        self._rows_3d(tensor, kt0 * Bt, kt1 * Bt, c0, cols, tile, column_bytes, Bt * G,
+                      at=(first // G) * column_bytes, partition=(first % G) * Bt)
 
     def _prefetch(self, step):
         self._fetch_moving(step)
@@ -360,10 +394,9 @@ class Schedule:
                               step.n0 * layer.rate, step.width * layer.rate, tile,
                               self.b_stride, R, at=(kt0 - step.kt0) * self.b_stride)
                 if layer.mx:
-                    Bt = layer.scale_rows
-                    self._rows_3d(layer.moving_scales, kt0 * Bt, kt1 * Bt, step.n0,
-                                  step.width, scale_tile, self.width, Bt,
-                                  at=(kt0 - step.kt0) * self.width)
+                    self._scale_rows(layer.moving_scales, kt0, kt1, kt0 - step.kt0,
+                                     step.n0, step.width, scale_tile, self.width,
+                                     layer.scale_rows)
             self.b_tile, self.b_scale_tile = tile, scale_tile
         step.moving = (self.b_tile, 0)
         if layer.mx:
@@ -385,9 +418,8 @@ class Schedule:
                           self.a_stride, R)
             if layer.mx:
                 self.a_scale_tile = self.a_scale_slots[(self.a_count - 1) % 2]
-                Bt = layer.scale_rows
-                self._rows_3d(layer.a_scales, step.kt0 * Bt, step.kt1 * Bt, m0, cols,
-                              self.a_scale_tile, mb * self.P, Bt)
+                self._scale_rows(layer.a_scales, step.kt0, step.kt1, 0, m0, cols,
+                                 self.a_scale_tile, mb * self.P, layer.scale_rows)
         step.a_slot = (self.a_tile, (step.mt % mb) * self.P * self.element)
         if layer.mx:
             step.a_scales = (self.a_scale_tile, (step.mt % mb) * self.P)
@@ -408,20 +440,26 @@ class Schedule:
             column = i * self.a_stride + a_offset
             scales = moving_scales = None
             if layer.mx:
-                # Blocks 0..nb-1 of this K tile (partitions), one byte per column.
+                # Blocks 0..nb-1 of this K tile, one byte per column, in its group of
+                # partitions and byte column of the slots (_scale_rows).
                 nb = -(-rows // layer.block_rows)
+                p0 = (i % self.scale_groups) * layer.scale_rows
                 s_tile, s_offset = step.a_scales
-                s_column = i * self.m_block * self.P + s_offset
-                scales = s_tile[0:nb, s_column:s_column + mrows]
+                s_column = (i // self.scale_groups) * self.m_block * self.P + s_offset
+                scales = s_tile[p0:p0 + nb, s_column:s_column + mrows]
             k.load_stationary(a_tile[0:rows, column:column + mrows * e], dtype=layer.dtype,
                               scales=scales)
             offset = base + i * self.b_stride
             for bank, (c0, n) in zip(group, self._chunks(step.width), strict=False):
                 if layer.mx:
-                    # A slot holds K tile i's scales at i * width; unit scales (resident
-                    # moving data) serve every K tile and chunk from byte 0.
-                    c = 0 if layer.moving is None else i * self.width + c0
-                    moving_scales = step.moving_scales[0:nb, c:c + n]
+                    # A slot holds K tile i's scales in its group of partitions at byte
+                    # column i // groups; unit scales (resident moving data) serve every K
+                    # tile and chunk from partition 0 and byte 0.
+                    if layer.moving is None:
+                        moving_scales = step.moving_scales[0:nb, 0:n]
+                    else:
+                        c = (i // self.scale_groups) * self.width + c0
+                        moving_scales = step.moving_scales[p0:p0 + nb, c:c + n]
                 k.matmul(bank[:, 0:n], tile[0:rows, offset + c0 * e:offset + (c0 + n) * e],
                          accumulate=not (step.first and i == 0), scales=moving_scales)
 

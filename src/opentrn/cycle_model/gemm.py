@@ -136,6 +136,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     width, kts, mb, buffers = schedule.schedule_shape(
         config, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
         staging_out=out, fixed_bytes=0, resident_tiles=0, element=e, mx=mx)
+    groups = schedule.scale_groups(config) if mx else 1  # the kernel's (Schedule)
     count = -(-n // width) * m_tiles * -(-k_tiles // kts)
     if count > MAX_GEMM_STEPS:
         # Refused before anything is allocated per step (a list of them would not fit).
@@ -178,17 +179,19 @@ def gemm(config, m, k, n, *, dtype="int8"):
             descriptors += 1
         return cost
 
-    def tile_fetch(row0, rows, k_count, col0, cols, pitch, tile_bytes, at=0):
+    def tile_fetch(row0, rows, k_count, col0, cols, pitch, tile_bytes, first=0):
         """Cycles of fetching ``cols`` columns from column ``col0`` of ``rows`` rows from row
         ``row0`` (``k_count`` K tiles) of an operand of ``pitch`` columns, into a slot of
-        ``tile_bytes`` columns a K tile from column ``at``, and of an MX format's scales
-        (``scale_rows`` rows a K tile, one byte a column); counts the bytes."""
+        ``tile_bytes`` columns a K tile from its K tile ``first``, and of an MX format's
+        scales (``scale_rows`` rows a K tile, one byte a column, ``groups`` K tiles a byte
+        column: ``Schedule._scale_rows``); counts the bytes."""
         nonlocal dma_bytes
-        cost = rows_3d(row0, rows, K, pitch * e, col0 * e, cols * e, tile_bytes * e, at * e)
+        cost = rows_3d(row0, rows, K, pitch * e, col0 * e, cols * e, tile_bytes * e,
+                       first * tile_bytes * e)
         dma_bytes += rows * cols * e
         if mx:
-            cost += rows_3d(row0 // K * scale_rows, k_count * scale_rows, scale_rows, pitch,
-                            col0, cols, tile_bytes, at)
+            cost += rows_3d(row0 // K * scale_rows, k_count * scale_rows, scale_rows * groups,
+                            pitch, col0, cols, tile_bytes, (first // groups) * tile_bytes)
             dma_bytes += scale_rows * k_count * cols
         return cost
 
@@ -227,7 +230,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
                 # step before, which wait for none of it but the last K tile's.
                 for kt in range(k0, k1):
                     trail[-1] = tile_fetch(kt * K, rows_in(kt, kt + 1), 1, n0, w, n, width,
-                                           at=(kt - k0) * width)
+                                           first=kt - k0)
                     cost += trail[-1]
             else:
                 cost += tile_fetch(k0 * K, full_rows, k1 - k0, n0, w, n, width)
