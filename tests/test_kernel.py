@@ -748,6 +748,29 @@ def test_mx_gemm_several_sbuf_passes():
     _race_free(program, expected, seeds=1)
 
 
+def test_mx_scales_of_several_k_tiles_share_a_byte_range():
+    """The GEMM's scale slots put G = partitions / mx_blocks K tiles' scales in one byte
+    range (scale_partition): on tiny a 6x300x40 GEMM takes all 75 K tiles in one step,
+    where a byte range per K tile would fit 26; the MX instructions use every group of
+    partitions, and the program is bit-exact and race-free."""
+    cfg = _mx_config("tiny")
+    args = dict(columns=40, k_tiles=75, m_tiles=2, moving_from_hbm=True, staging_out=4,
+                fixed_bytes=0, resident_tiles=0, element=1, mx=True)
+    assert schedule.scale_groups(cfg) == 4
+    assert schedule.schedule_shape(cfg, **args)[1] == 75
+    assert schedule.schedule_shape(cfg, **args, groups=1)[1] == 26
+    rng = np.random.default_rng(31)
+    M, K, N = 6, 300, 40
+    a_t, b = _mx_inputs(rng, "mxfp8e4m3", (K, M)), _mx_inputs(rng, "mxfp8e4m3", (K, N))
+    program, expected = kernels.gemm(cfg, a_t, b, block_scales=(_mx_scales(rng, K, M),
+                                                               _mx_scales(rng, K, N)))
+    partitions = {f["scale_partition"] for op, f in RaceChecker(program, 0).streams[
+        isa.Engine.TENSOR] if op in (isa.Opcode.LOAD_STATIONARY, isa.Opcode.MATMUL)}
+    assert partitions == {0, 1, 2, 3}
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=2)
+
+
 @pytest.mark.parametrize("fmt", MX_FORMATS)
 def test_mx_gemm_bias_relu_is_bit_exact(fmt):
     cfg = _mx_config("tiny")
