@@ -247,7 +247,10 @@ class _Generator:
         rng, cfg, lay = self.rng, self.config, self.layout
         fmt = rng.choice(self.formats)
         column = numerics.column_bytes(cfg, fmt)
-        rows, cols = rng.randint(1, cfg.pe_rows), rng.randint(1, cfg.pe_cols)
+        # Columns within the SBUF window (wide packed columns, e.g. MXFP8's 4 bytes at 4
+        # MACs per PE, may not fit pe_cols or moving_max of them).
+        fitting = lay.sbuf_window // column
+        rows, cols = rng.randint(1, cfg.pe_rows), rng.randint(1, min(cfg.pe_cols, fitting))
         offset = rng.randrange((lay.sbuf_window - cols * column) // column + 1) * column
         scale_fields, scale_access = self._scales(fmt, cols)
         code = numerics.data_format(fmt).code
@@ -259,7 +262,7 @@ class _Generator:
                          + scale_access)]
         entry_bytes = 4
         for _ in range(rng.choice((1, 1, 2, 3))):
-            n = rng.randint(1, min(cfg.moving_max, cfg.psum_bank_entries))
+            n = rng.randint(1, min(cfg.moving_max, cfg.psum_bank_entries, fitting))
             moving = rng.randrange((lay.sbuf_window - n * column) // column + 1) * column
             bank = rng.randrange(cfg.psum_banks)
             entry = rng.randrange(cfg.psum_bank_entries - n + 1)
