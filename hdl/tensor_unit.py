@@ -70,16 +70,10 @@ def _path_job(config, count_max):
     return fields
 
 
-def _scale_groups(config):
-    """Groups of ``mx_blocks`` partitions an MX instruction's scales may start at
-    (``scale_partition / mx_blocks``)."""
-    return config.sbuf_partitions // mx_blocks(config)
-
-
 def _scale_job(config, count_max):
     """A scale reader's job: one E8M0 byte per column, from the partitions of ``group``
     (with more than one group)."""
-    groups = _scale_groups(config)
+    groups = numerics.mx_scale_groups(config)
     return data.StructLayout({**_common_job(config, count_max, columns=False),
                               **({"group": range(groups)} if groups > 1 else {})})
 
@@ -541,7 +535,7 @@ class TensorUnit(wiring.Component):
                 *place(scale_of[matmuls].push_job, word.scale_offset, word.n),
                 *([scale_of[loads].push_job.group.eq(load.scale_partition >> block_bits),
                    scale_of[matmuls].push_job.group.eq(word.scale_partition >> block_bits)]
-                  if _scale_groups(cfg) > 1 else []),
+                  if numerics.mx_scale_groups(cfg) > 1 else []),
                 scale_of[loads].push.eq(accept & is_load & load_mx),
                 scale_of[matmuls].push.eq(accept & ~is_load & matmul_mx),
                 loads.push_job.mx.eq(load_mx),

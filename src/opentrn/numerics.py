@@ -23,8 +23,8 @@ import numpy as np
 __all__ = ["FloatFormat", "DataFormat", "DATA_FORMATS", "TENSOR_FORMATS", "FORMAT_CODE_BITS",
            "data_format", "FLOAT_FORMATS", "FP32", "BF16", "FP8E4M3", "FP8E5M2",
            "MX_BLOCK", "E8M0_BITS", "E8M0_BIAS", "E8M0_NAN", "CANONICAL_NAN32", "float_format",
-           "to_bits", "from_bits", "bit_length", "mx_blocks", "mx_block_rows", "mx_rate",
-           "column_bytes"]
+           "to_bits", "from_bits", "bit_length", "mx_blocks", "mx_scale_groups", "mx_block_rows",
+           "mx_rate", "column_bytes"]
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,13 @@ def mx_blocks(config):
     if not rate:
         return 0
     return -(-(rate * config.pe_rows) // MX_BLOCK)
+
+
+def mx_scale_groups(config):
+    """Groups of :func:`mx_blocks` SBUF partitions an MX instruction's scales may start at
+    (its ``scale_partition`` is a multiple of the blocks, docs/isa.md): the partitions over
+    the blocks, for a build with an MX format."""
+    return config.sbuf_partitions // mx_blocks(config)
 
 
 def mx_block_rows(config):

@@ -147,10 +147,10 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
 
 
 def scale_groups(cfg):
-    """K tiles whose MX scales share one byte range of a scale slot: the groups of
-    ``mx_blocks`` partitions (a K tile's scales) in the SBUF's partitions, K tile ``i`` of a
-    slot in group ``i % G`` at byte column ``i // G`` (``scale_partition``, docs/isa.md)."""
-    return cfg.sbuf_partitions // numerics.mx_blocks(cfg)
+    """K tiles whose MX scales share one byte range of a scale slot: one per group of
+    ``mx_blocks`` partitions (``numerics.mx_scale_groups``), K tile ``i`` of a slot in group
+    ``i % G`` at byte column ``i // G`` (``scale_partition``, docs/isa.md)."""
+    return numerics.mx_scale_groups(cfg)
 
 
 def _groups(cfg, mx, groups):

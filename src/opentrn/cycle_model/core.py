@@ -174,7 +174,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             in_data = loads.col < job["count"]
             scale_ready = (not job["mx"]) or self.scales["load"].word_ready()
             valid = (not in_data) or (loads.word_ready() and scale_ready)
-            if valid and self._load_ready():
+            if valid and self._load_ready(cycle):
                 load_take = True
         # moving
         mm_take = False

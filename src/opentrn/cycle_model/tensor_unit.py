@@ -98,12 +98,13 @@ class _TensorUnitModel:
         self.load_pending = False
         self.tile_macs = 0
         # The array: weight banks used in turn (the active one, tiles waiting for their
-        # swap, the one loads write), each bank's guard, results in flight.
+        # swap, the one loads write), the cycle each bank's guard runs out (the RTL counts
+        # it down), results in flight.
         self.banks = config.weight_banks
         self.active = self.banks - 1
         self.pending = 0
         self.active_valid = False
-        self.guards = [0] * self.banks
+        self.free_from = [0] * self.banks
         # Advances from a swap to the next load into the retired bank (hdl/tensor_engine.py).
         self.reload_guard = tensor_engine.reload_guard(config)
         self.load_beat = 0
@@ -116,12 +117,12 @@ class _TensorUnitModel:
         self.matmul_done = False
         self.te_wrote = False           # a result was written last cycle (PSUM stage 1)
 
-    def _load_ready(self):
-        """The array takes a load beat (hdl/tensor_engine.py ``stationary.ready``): a bank
-        is free and its guard has run out."""
+    def _load_ready(self, cycle):
+        """The array takes a load beat in ``cycle`` (hdl/tensor_engine.py
+        ``stationary.ready``): a bank is free and its guard has run out."""
         if self.pending == self.banks - 1:
             return False
-        return self.guards[(self.active + 1 + self.pending) % self.banks] == 0
+        return cycle >= self.free_from[(self.active + 1 + self.pending) % self.banks]
 
     def _tensor_ready(self, ins):
         if len(self.order) >= self.order_depth:
@@ -219,12 +220,9 @@ class _TensorUnitModel:
                 complete = True
             else:
                 self.load_beat += 1
-        guards = self.guards
-        for bank in range(self.banks):
-            if guards[bank]:
-                guards[bank] -= 1
         if mm_take and swap:
-            guards[self.active] = self.reload_guard - 1
+            # The retired bank's guard: reload_guard cycles from the swap.
+            self.free_from[self.active] = cycle + self.reload_guard
             self.active = (self.active + 1) % self.banks
             self.active_valid = True
         self.pending += complete - (mm_take and swap)
