@@ -164,7 +164,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         bytes a row, row ``r`` to partition ``r % per_tile`` at byte ``at + (r // per_tile)
         * tile_bytes``: one descriptor for the full K tiles, one for a partial last one.
         Each side walks its rows word by word; the slower side sets the pace."""
-        nonlocal descriptors
+        nonlocal descriptors, last_descriptor
         cost = 0.0
         full, rest = divmod(rows, per_tile)
         for count, first, tiles in ((full * per_tile, 0, full), (rest, full, 1)):
@@ -177,6 +177,8 @@ def gemm(config, m, k, n, *, dtype="int8"):
                                                   length, W)
             cost += dma(max(source, sink))
             descriptors += 1
+            # The newest descriptor: its cycles and the rows it carries (the last ones).
+            last_descriptor = (dma(max(source, sink)), rows - first * per_tile)
         return cost
 
     def tile_fetch(row0, rows, k_count, col0, cols, pitch, tile_bytes, first=0):
@@ -185,14 +187,17 @@ def gemm(config, m, k, n, *, dtype="int8"):
         ``tile_bytes`` columns a K tile from its K tile ``first``, and of an MX format's
         scales (``scale_rows`` rows a K tile, one byte a column, ``groups`` K tiles a byte
         column: ``Schedule._scale_rows``); counts the bytes."""
-        nonlocal dma_bytes
+        nonlocal dma_bytes, last_tiles
         cost = rows_3d(row0, rows, K, pitch * e, col0 * e, cols * e, tile_bytes * e,
                        first * tile_bytes * e)
         dma_bytes += rows * cols * e
+        # The K tiles the last descriptor carries (a partial one: the last K tile alone).
+        last_tiles = -(-last_descriptor[1] // K)
         if mx:
             cost += rows_3d(row0 // K * scale_rows, k_count * scale_rows, scale_rows * groups,
                             pitch, col0, cols, tile_bytes, (first // groups) * tile_bytes)
             dma_bytes += scale_rows * k_count * cols
+            last_tiles = -(-last_descriptor[1] // scale_rows)
         return cost
 
     steps = []
@@ -205,6 +210,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
                 steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
 
     dma_bytes = descriptors = 0
+    last_descriptor, last_tiles = (0.0, 0), 0
     dma_busy = 0.0
     tensor = []                 # tensor cycles of each step
     fetches = []                # DMA cycles of each step's prefetch
@@ -216,6 +222,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
     reads_of = {}               # the tensor reads of a step, by what they depend on
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     new_slots = []              # (a new stationary slot, a new moving slot) of each step
+    # The cycles of each step's last prefetch descriptor and the K tiles it alone carries:
+    # the matmuls of the others need not wait for it (the kernel waits for the descriptor
+    # that wrote what an instruction reads), so with a partial last K tile they start a
+    # descriptor early.
+    tails = []
     b_key = a_key = None
     for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
         descriptors_before = descriptors
@@ -241,6 +252,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
         fetches.append(cost)
+        tails.append((last_descriptor[0], last_tiles) if cost and not trail[-1] else (0.0, 0))
         prefetch_descriptors.append(descriptors - descriptors_before)
         per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
@@ -341,12 +353,18 @@ def gemm(config, m, k, n, *, dtype="int8"):
         # A K tile's time shared among its chunks' matmuls in proportion to their columns.
         per_tile = tensor[i] / (k1 - k0)
         share = [per_tile * columns / sum(chunks) for columns in chunks]
-        t = max(tensor_free, fetched[i])
+        tail, tail_tiles = tails[i]
+        early = k1 - k0 - tail_tiles       # K tiles ready before the last descriptor ends
+        t = max(tensor_free, fetched[i] - (tail if early > 0 else 0))
         for c, columns in enumerate(share):
             if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
                 t = max(t, epilogues[-2][0][c])
             t += columns
-        tensor_free = tensor_end[i] = t + tensor[i] - per_tile
+        if early > 0:
+            t = max(t + (early - 1) * per_tile, fetched[i]) + (k1 - k0 - early) * per_tile
+        else:
+            t += tensor[i] - per_tile
+        tensor_free = tensor_end[i] = t
         if refill:              # all but its last K tile overlap the matmuls before it
             prefetch(i + 1, after=tensor_end[i] - fetches[i + 1] + trail[i + 1])
         if last:
