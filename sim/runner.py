@@ -281,12 +281,15 @@ def _keep_verilator_runtime(build_dir, optimization, waves):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def verilator_optimization(top=None):
+def verilator_optimization(top=None, waves=False):
     """The C++ optimization of Verilator models: ``$OPENTRN_VERILATOR_OPT``, default
     ``-O1`` (docs/performance.md: against Verilator's ``-Os`` it builds the core in 0.7x the
     time), and ``-O2`` for the core with its HBM (``core_with_memory``), whose runs are the
-    simulator alone: 14% more cycles per second for 4 s more build."""
-    default = "-O2" if top == "core_with_memory" else "-O1"
+    simulator alone: 14% more cycles per second for 4 s more build. A model that traces
+    (``waves``) is built at ``-O0``: writing the VCD costs more than the model's code, and
+    its runs are the short ones a waveform is read from (the tiny core's build and the
+    demo's run: 65 s of CPU where ``-O2`` took 104 s)."""
+    default = "-O0" if waves else "-O2" if top == "core_with_memory" else "-O1"
     return os.environ.get("OPENTRN_VERILATOR_OPT", default)
 
 
@@ -302,7 +305,7 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
     always can."""
     require(sim)
     waves = waves and sim == "verilator"
-    recipe = _hardware_digest() + (f"{verilator_optimization(top)}-h{hier_block_pes()}"
+    recipe = _hardware_digest() + (f"{verilator_optimization(top, waves)}-h{hier_block_pes()}"
                                    + ("-waves" if waves else "")
                                    if sim == "verilator" else "")
     build_dir = cache_root() / sim / f"{top}-{config.digest()}-{recipe}"
@@ -346,7 +349,7 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
         if sim == "verilator" and top in PUBLIC_SIGNALS:
             verilog_file.write_text(_mark_public(verilog_file.read_text(),
                                                  PUBLIC_SIGNALS[top]))
-        runner.optimization = verilator_optimization(top)
+        runner.optimization = verilator_optimization(top, waves)
         runtime = _verilator_runtime(runner.optimization, waves)
         if sim == "verilator" and runtime.exists():
             runner.runtime_objects = tuple(runtime / name
