@@ -306,7 +306,8 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
     always can."""
     require(sim)
     waves = waves and sim == "verilator"
-    recipe = _hardware_digest() + (f"{verilator_optimization(top, waves)}-h{hier_block_pes()}"
+    optimization = verilator_optimization(top, waves)
+    recipe = _hardware_digest() + (f"{optimization}-h{hier_block_pes()}"
                                    + ("-waves" if waves else "")
                                    if sim == "verilator" else "")
     build_dir = cache_root() / sim / f"{top}-{config.digest()}-{recipe}"
@@ -350,7 +351,7 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
         if sim == "verilator" and top in PUBLIC_SIGNALS:
             verilog_file.write_text(_mark_public(verilog_file.read_text(),
                                                  PUBLIC_SIGNALS[top]))
-        runner.optimization = verilator_optimization(top, waves)
+        runner.optimization = optimization
         runtime = _verilator_runtime(runner.optimization, waves)
         if sim == "verilator" and runtime.exists():
             runner.runtime_objects = tuple(runtime / name

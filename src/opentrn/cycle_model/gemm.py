@@ -163,9 +163,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
         ``length`` bytes from row ``row0`` and byte ``col0`` of an HBM tensor of ``pitch``
         bytes a row, row ``r`` to partition ``r % per_tile`` at byte ``at + (r // per_tile)
         * tile_bytes``: one descriptor for the full K tiles, one for a partial last one.
-        Each side walks its rows word by word; the slower side sets the pace."""
-        nonlocal descriptors, last_descriptor
+        Each side walks its rows word by word; the slower side sets the pace. Also the
+        last descriptor's cycles and the rows it carries (the last ones)."""
+        nonlocal descriptors
         cost = 0.0
+        last = (0.0, 0)
         full, rest = divmod(rows, per_tile)
         for count, first, tiles in ((full * per_tile, 0, full), (rest, full, 1)):
             if not count:
@@ -175,29 +177,31 @@ def gemm(config, m, k, n, *, dtype="int8"):
             # Each K tile's rows (one per partition) at the same bytes of the slot.
             sink = (count // tiles) * _rows_words(at + first * tile_bytes, tile_bytes, tiles,
                                                   length, W)
-            cost += dma(max(source, sink))
+            last = (dma(max(source, sink)), rows - first * per_tile)
+            cost += last[0]
             descriptors += 1
-            # The newest descriptor: its cycles and the rows it carries (the last ones).
-            last_descriptor = (dma(max(source, sink)), rows - first * per_tile)
-        return cost
+        return cost, last
 
     def tile_fetch(row0, rows, k_count, col0, cols, pitch, tile_bytes, first=0):
         """Cycles of fetching ``cols`` columns from column ``col0`` of ``rows`` rows from row
         ``row0`` (``k_count`` K tiles) of an operand of ``pitch`` columns, into a slot of
         ``tile_bytes`` columns a K tile from its K tile ``first``, and of an MX format's
         scales (``scale_rows`` rows a K tile, one byte a column, ``groups`` K tiles a byte
-        column: ``Schedule._scale_rows``); counts the bytes."""
-        nonlocal dma_bytes, last_tiles
-        cost = rows_3d(row0, rows, K, pitch * e, col0 * e, cols * e, tile_bytes * e,
-                       first * tile_bytes * e)
+        column: ``Schedule._scale_rows``); counts the bytes, and keeps the last
+        descriptor's cycles and the K tiles it carries (a partial one: the last K tile's
+        rows or scales alone) in ``tail``."""
+        nonlocal dma_bytes, tail
+        cost, (cycles, rows_carried) = rows_3d(row0, rows, K, pitch * e, col0 * e, cols * e,
+                                               tile_bytes * e, first * tile_bytes * e)
         dma_bytes += rows * cols * e
-        # The K tiles the last descriptor carries (a partial one: the last K tile alone).
-        last_tiles = -(-last_descriptor[1] // K)
+        tail = (cycles, -(-rows_carried // K))
         if mx:
-            cost += rows_3d(row0 // K * scale_rows, k_count * scale_rows, scale_rows * groups,
-                            pitch, col0, cols, tile_bytes, (first // groups) * tile_bytes)
+            scales, (cycles, rows_carried) = rows_3d(
+                row0 // K * scale_rows, k_count * scale_rows, scale_rows * groups, pitch,
+                col0, cols, tile_bytes, (first // groups) * tile_bytes)
+            cost += scales
             dma_bytes += scale_rows * k_count * cols
-            last_tiles = -(-last_descriptor[1] // scale_rows)
+            tail = (cycles, -(-rows_carried // scale_rows))
         return cost
 
     steps = []
@@ -210,7 +214,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
                 steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
 
     dma_bytes = descriptors = 0
-    last_descriptor, last_tiles = (0.0, 0), 0
+    tail = (0.0, 0)             # tile_fetch's last descriptor: (cycles, K tiles it carries)
     dma_busy = 0.0
     tensor = []                 # tensor cycles of each step
     fetches = []                # DMA cycles of each step's prefetch
@@ -252,7 +256,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
         fetches.append(cost)
-        tails.append((last_descriptor[0], last_tiles) if cost and not trail[-1] else (0.0, 0))
+        tails.append(tail if cost and not trail[-1] else (0.0, 0))
         prefetch_descriptors.append(descriptors - descriptors_before)
         per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
@@ -353,9 +357,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
         # A K tile's time shared among its chunks' matmuls in proportion to their columns.
         per_tile = tensor[i] / (k1 - k0)
         share = [per_tile * columns / sum(chunks) for columns in chunks]
-        tail, tail_tiles = tails[i]
-        early = k1 - k0 - tail_tiles       # K tiles ready before the last descriptor ends
-        t = max(tensor_free, fetched[i] - (tail if early > 0 else 0))
+        last_cycles, last_tiles = tails[i]
+        early = k1 - k0 - last_tiles       # K tiles ready before the last descriptor ends
+        t = max(tensor_free, fetched[i] - (last_cycles if early > 0 else 0))
         for c, columns in enumerate(share):
             if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
                 t = max(t, epilogues[-2][0][c])
