@@ -1090,6 +1090,32 @@ def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
         "the DMA stream's waits removed, no seed noticed"
 
 
+@pytest.mark.parametrize("fmt", ["int8", "bf16"])
+def test_gemm_in_blocks_of_three_matmuls(fmt):
+    """With 4 PSUM banks a group (tiny with 8 banks, as trn3), blocks may be 3 matmuls wide
+    (3 x moving_max = 48 columns), between the halvings: 16x32x128 takes blocks of 48, 48
+    and 32 columns, A fetched once per block. Bit-exact on the golden machine, race-free,
+    and the cycle model's DMA bytes are those."""
+    cfg = TINY.replace(psum_banks=8)
+    M, K, N = 16, 32, 128
+    e = numerics.column_bytes(cfg, fmt)
+    width, kts, _, _ = schedule.schedule_shape(
+        cfg, columns=N, k_tiles=K // cfg.pe_rows, m_tiles=M // cfg.pe_cols,
+        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0, element=e)
+    assert (width, kts) == (3 * cfg.moving_max, K // cfg.pe_rows)
+    rng = np.random.default_rng(33)
+    a, b = (kernels.random_inputs(rng, shape, fmt) for shape in ((M, K), (K, N)))
+    program, expected = kernels.gemm(cfg, a.T.copy(), b)
+    blocks = -(-N // width)
+    column = K * e                      # bytes of one K x 1 column of A or B
+    assert cycle_model.predict(program)["dma_bytes"] == \
+        column * (blocks * M + N) + M * N * 4
+    assert cycle_model.gemm(cfg, M, K, N, dtype=fmt).dma_bytes == \
+        column * (blocks * M + N) + M * N * 4
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=3)
+
+
 def test_gemm_128_cubed_builds_fast_with_the_planned_schedule_and_is_exact():
     rng = np.random.default_rng(10)
     a_t, b = _int8(rng, 128, 128), _int8(rng, 128, 128)

@@ -195,12 +195,13 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
             kts = max(1, min(kts - 1, kts * budget // max(1, need(kts, w))))
         return kts if need(kts, w) <= budget else 0
 
-    # Every block width from the PSUM group's columns down, halving, with the most K tiles
-    # that fit, is costed (tiling_cost). Narrower blocks refetch the stationary data once
-    # more per block; cutting K into parts refetches the moving block once more per M
-    # tile, which costs far more when there are many M tiles. A block whose K tiles fit
-    # once but not twice may keep one moving slot, refilled a K tile at a time behind the
-    # last M tile's matmuls.
+    # Every block width from the PSUM group's columns down, halving, and the multiples of
+    # a matmul's columns in between, with the most K tiles that fit, is costed
+    # (tiling_cost). Narrower blocks refetch the stationary data once more per block;
+    # cutting K into parts refetches the moving block once more per M tile, which costs
+    # far more when there are many M tiles. A block whose K tiles fit once but not twice
+    # may keep one moving slot, refilled a K tile at a time behind the last M tile's
+    # matmuls.
     candidates = []             # (cycles, bytes, dma_bound, buffers, width, kts)
     w = min(columns, banks_per_group * chunk)
 
@@ -211,15 +212,19 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
                             moving_buffers=buffers)
         candidates.append((*cost, buffers, w, kts))
 
-    while True:
+    widths = [w]
+    while widths[-1] > 1:
+        widths.append(max(1, widths[-1] // 2))
+    # A group of 4 banks also takes blocks of 3 matmuls (BF16 8192^3 on trn3: 1536
+    # columns of 64 K tiles fit where 2048 do not).
+    widths += [c * chunk for c in range(3, banks_per_group) if c * chunk < w
+               and c * chunk not in widths]
+    for w in widths:
         kts = fitting_kts(w)
         if kts:
             consider(w, kts, 2)
         if moving_from_hbm and kts < k_tiles and need(k_tiles, w, buffers=1) <= budget:
             consider(w, k_tiles, 1)
-        if w == 1:
-            break
-        w = max(1, w // 2)
     if not candidates:
         raise KernelError(
             f"sbuf_bytes_per_partition={budget}: too small for this kernel even with "
