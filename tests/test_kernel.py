@@ -1108,10 +1108,9 @@ def test_gemm_in_blocks_of_three_matmuls(fmt):
     program, expected = kernels.gemm(cfg, a.T.copy(), b)
     blocks = -(-N // width)
     column = K * e                      # bytes of one K x 1 column of A or B
-    assert cycle_model.predict(program)["dma_bytes"] == \
-        column * (blocks * M + N) + M * N * 4
-    assert cycle_model.gemm(cfg, M, K, N, dtype=fmt).dma_bytes == \
-        column * (blocks * M + N) + M * N * 4
+    dma_bytes = column * (blocks * M + N) + M * N * 4
+    assert cycle_model.predict(program)["dma_bytes"] == dma_bytes
+    assert cycle_model.gemm(cfg, M, K, N, dtype=fmt).dma_bytes == dma_bytes
     _check_golden(program, expected)
     _race_free(program, expected, seeds=3)
 

@@ -4,10 +4,10 @@ the golden model byte for byte.
 
 Two tops: ``dma`` alone, its buffer ports answered by models with random stalls; and
 ``memory_system``, the DMA wired to the SBUF and PSUM hardware, which the bench loads and
-reads back through their engine-side ports. Both on Icarus (no C++ build: the suite's time);
-Verilator runs the same DMA in the core, on every kernel and random program
-(tests/test_sim_core.py, tests/test_fuzz.py, whose illegal programs end with each refusal
-code)."""
+reads back through their engine-side ports. Both on Icarus (the suite's time; Verilator
+runs ``memory_system`` for the throughput targets below), and Verilator runs the same DMA in
+the core, on every kernel and random program (tests/test_sim_core.py, tests/test_fuzz.py,
+whose illegal programs end with each refusal code)."""
 
 import pytest
 
