@@ -13,7 +13,8 @@ from opentrn import isa, numerics
 from opentrn.golden import tensor_engine
 from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
 
-__all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "schedule_shape", "tiling_cost"]
+__all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "m_tile_order", "schedule_shape",
+           "stationary_slot", "tiling_cost"]
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
 MAX_M_BLOCK = 4
@@ -114,7 +115,10 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     parts = -(-k_tiles // kts)
     refetch_moving = m_tiles if parts > 1 else 1
     # Per K tile: the stationary (and its scales) once per block, the moving block once, or
-    # once per M tile when K is cut into parts.
+    # once per M tile when K is cut into parts. Not counted: a block's first two M tiles,
+    # still in their slots from the block before when K is whole (m_tile_order); the
+    # exact model and the fast path count them. Counting them here flips tilings whose
+    # cost is close, onto ones the fast path estimates less well (docs/performance.md).
     scale_rows = numerics.mx_blocks(cfg) if mx else 0
     stationary = blocks * m_tiles * P * (K * element + scale_rows)
     moving = (columns * (K * element + scale_rows) * refetch_moving
@@ -144,6 +148,21 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
         tensor += (blocks - 1) * max(refill, k_tiles * (refill - per_k_tile))
     dma = (hbm + fetch) / bandwidth + descriptors * DMA_READ_OVERHEAD
     return max(tensor, dma), hbm, dma >= tensor
+
+
+def m_tile_order(m_tiles, block):
+    """The M tiles of column block ``block`` in the order the schedule visits them:
+    forwards in even blocks, backwards in odd ones (a block's first two M tiles are the
+    last two of the block before, whose stationary tiles are still in the two slots)."""
+    order = range(m_tiles)
+    return reversed(order) if block % 2 else order
+
+
+def stationary_slot(keys, key, current):
+    """The stationary slot (0 or 1) for the tiles ``key``: the one that holds them, else the
+    one the step before does not read (``current``: its matmuls follow this fetch in the
+    program, docs/kernels.md "The schedule"). ``keys``: what each slot holds."""
+    return keys.index(key) if key in keys else 1 - current
 
 
 def scale_groups(cfg):
@@ -300,14 +319,19 @@ class Schedule:
                                for _ in range(buffers)] if mx and moving_from_hbm else [])
         self.psum = [[k.psum(cfg.psum_bank_entries, bank=g * self.banks_per_group + c)
                       for c in range(self.banks_per_group)] for g in range(self.groups)]
-        self.a_count = self.b_count = self.stage_count = self.group_count = 0
-        self.a_key = self.b_key = None
+        self.b_count = self.stage_count = self.group_count = 0
+        self.b_key = None
+        self.a_keys = [None, None]      # what each stationary slot holds
+        self.a_current = 1              # the slot of the last step given its tiles
 
     def steps(self, layer, block):
+        """The steps of ``layer`` in column block ``block``: its M tiles forwards in even
+        blocks and backwards in odd ones, so that a block starts with the stationary tiles
+        the block before ended with, still in their slots (:func:`m_tile_order`)."""
         n0, width = self.blocks[block]
         kt = layer.k_tiles
         parts = [(k0, min(kt, k0 + self.kts)) for k0 in range(0, kt, self.kts)]
-        for mt in range(layer.m_tiles):
+        for mt in m_tile_order(layer.m_tiles, block):
             for i, (k0, k1) in enumerate(parts):
                 yield Step(layer, block, n0, width, mt, k0, k1, i == 0, i == len(parts) - 1)
 
@@ -412,22 +436,22 @@ class Schedule:
         R = layer.kt_rows
         r0, r1 = step.kt0 * R, min(layer.K, step.kt1 * R)
         mb = self.m_block
-        key = (id(layer), step.block, step.mt // mb, step.kt0)
-        if key != self.a_key:
-            self.a_key = key
-            self.a_tile = self.a_slots[self.a_count % 2]
-            self.a_count += 1
+        # The same tiles of A serve every block: a slot that holds them is used again.
+        key = (id(layer), step.mt // mb, step.kt0)
+        slot = stationary_slot(self.a_keys, key, self.a_current)
+        if self.a_keys[slot] != key:
+            self.a_keys[slot] = key
             m0 = (step.mt // mb) * mb * self.P
             cols = min(mb * self.P, layer.M - m0)
-            self._rows_3d(layer.a, r0, r1, m0 * layer.rate, cols * layer.rate, self.a_tile,
-                          self.a_stride, R)
+            self._rows_3d(layer.a, r0, r1, m0 * layer.rate, cols * layer.rate,
+                          self.a_slots[slot], self.a_stride, R)
             if layer.mx:
-                self.a_scale_tile = self.a_scale_slots[(self.a_count - 1) % 2]
                 self._scale_rows(layer.a_scales, step.kt0, step.kt1, 0, m0, cols,
-                                 self.a_scale_tile, mb * self.P, layer.scale_rows)
-        step.a_slot = (self.a_tile, (step.mt % mb) * self.P * self.element)
+                                 self.a_scale_slots[slot], mb * self.P, layer.scale_rows)
+        self.a_current = slot
+        step.a_slot = (self.a_slots[slot], (step.mt % mb) * self.P * self.element)
         if layer.mx:
-            step.a_scales = (self.a_scale_tile, (step.mt % mb) * self.P)
+            step.a_scales = (self.a_scale_slots[slot], (step.mt % mb) * self.P)
 
     def _chunks(self, width):
         return [(c0, min(self.chunk, width - c0)) for c0 in range(0, width, self.chunk)]

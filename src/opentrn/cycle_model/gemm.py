@@ -205,10 +205,10 @@ def gemm(config, m, k, n, *, dtype="int8"):
         return cost
 
     steps = []
-    for n0 in range(0, n, width):
+    for block, n0 in enumerate(range(0, n, width)):
         w = min(width, n - n0)
         chunks = [min(chunk, w - c0) for c0 in range(0, w, chunk)]
-        for mt in range(m_tiles):
+        for mt in schedule.m_tile_order(m_tiles, block):
             mrows = min(P, m - mt * P)
             for index, (k0, k1) in enumerate(parts):
                 steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
@@ -225,19 +225,27 @@ def gemm(config, m, k, n, *, dtype="int8"):
     prefetch_descriptors = []   # DMA descriptors of each step's prefetch
     reads_of = {}               # the tensor reads of a step, by what they depend on
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
-    new_slots = []              # (a new stationary slot, a new moving slot) of each step
+    new_moving = []             # whether each step fetches a moving block
+    # For a step that fetches stationary tiles, the last step before it that read their
+    # slot (-1: none); None for a step whose tiles are in a slot already.
+    a_waits = []
+    a_keys, a_current, a_readers = [None, None], 1, [-1, -1]
     # The cycles of each step's last prefetch descriptor and the K tiles it alone carries:
     # the matmuls of the others need not wait for it (the kernel waits for the descriptor
     # that wrote what an instruction reads), so with a partial last K tile they start a
     # descriptor early.
     tails = []
-    b_key = a_key = None
-    for (n0, w, chunks, mt, mrows, k0, k1, last) in steps:
+    b_key = None
+    for i, (n0, w, chunks, mt, mrows, k0, k1, last) in enumerate(steps):
         descriptors_before = descriptors
         full_rows = rows_in(k0, k1)
         cost = 0.0
-        a_new, b_new = (n0, mt // mb, k0) != a_key, (n0, k0) != b_key
-        new_slots.append((a_new, b_new))
+        # The stationary slots as Schedule._fetch_stationary keeps them.
+        a_current = schedule.stationary_slot(a_keys, (mt // mb, k0), a_current)
+        a_new, b_new = a_keys[a_current] != (mt // mb, k0), (n0, k0) != b_key
+        a_waits.append(a_readers[a_current] if a_new else None)
+        a_keys[a_current], a_readers[a_current] = (mt // mb, k0), i
+        new_moving.append(b_new)
         trail.append(0.0)
         if b_new:                        # the moving block of these K tiles
             if buffers == 1 and b_key is not None:
@@ -251,7 +259,6 @@ def gemm(config, m, k, n, *, dtype="int8"):
                 cost += tile_fetch(k0 * K, full_rows, k1 - k0, n0, w, n, width)
             b_key = (n0, k0)
         if a_new:                        # the stationary tiles of mb M tiles
-            a_key = (n0, mt // mb, k0)
             m0 = (mt // mb) * mb * P
             cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
@@ -333,18 +340,19 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # tile). Short steps with an epilogue each are bound by this chain, not by throughput.
     tensor_end = [0.0] * count
     fetched = [0.0] * count
-    users = ([], [])            # the steps that fetched into each slot kind, in order
+    moving_users = []           # the steps that fetched a moving block, in order
     epilogues = []              # (each chunk's activation end, store end)
     dma_free = start
 
     def prefetch(i, after=0.0):
         nonlocal dma_free
         ready = max(dma_free, after)
-        for fetches_into, slot_users in zip(new_slots[i], users, strict=True):
-            if fetches_into:
-                if len(slot_users) >= 2:
-                    ready = max(ready, tensor_end[slot_users[-2]])
-                slot_users.append(i)
+        if a_waits[i] is not None and a_waits[i] >= 0:
+            ready = max(ready, tensor_end[a_waits[i]])
+        if new_moving[i]:
+            if len(moving_users) >= 2:
+                ready = max(ready, tensor_end[moving_users[-2]])
+            moving_users.append(i)
         dma_free = fetched[i] = ready + fetches[i]
 
     prefetch(0)
