@@ -227,9 +227,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     new_moving = []             # whether each step fetches a moving block
     # For a step that fetches stationary tiles, the last step before it that read their
-    # slot (-1: none); None for a step whose tiles are in a slot already.
+    # slot; None when there is none or the step's tiles are in a slot already.
     a_waits = []
-    a_keys, a_current, a_readers = [None, None], 1, [-1, -1]
+    a_keys, a_current, a_readers = [None, None], 1, [None, None]
     # The cycles of each step's last prefetch descriptor and the K tiles it alone carries:
     # the matmuls of the others need not wait for it (the kernel waits for the descriptor
     # that wrote what an instruction reads), so with a partial last K tile they start a
@@ -241,10 +241,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
         full_rows = rows_in(k0, k1)
         cost = 0.0
         # The stationary slots as Schedule._fetch_stationary keeps them.
-        a_current = schedule.stationary_slot(a_keys, (mt // mb, k0), a_current)
-        a_new, b_new = a_keys[a_current] != (mt // mb, k0), (n0, k0) != b_key
+        a_key = (mt // mb, k0)
+        a_current = schedule.stationary_slot(a_keys, a_key, a_current)
+        a_new, b_new = a_keys[a_current] != a_key, (n0, k0) != b_key
         a_waits.append(a_readers[a_current] if a_new else None)
-        a_keys[a_current], a_readers[a_current] = (mt // mb, k0), i
+        a_keys[a_current], a_readers[a_current] = a_key, i
         new_moving.append(b_new)
         trail.append(0.0)
         if b_new:                        # the moving block of these K tiles
@@ -347,7 +348,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     def prefetch(i, after=0.0):
         nonlocal dma_free
         ready = max(dma_free, after)
-        if a_waits[i] is not None and a_waits[i] >= 0:
+        if a_waits[i] is not None:
             ready = max(ready, tensor_end[a_waits[i]])
         if new_moving[i]:
             if len(moving_users) >= 2:
