@@ -249,9 +249,11 @@ def run(config, program):
 
 
 def latency(config):
-    """Cycles from a moving vector's acceptance to its result beat: ``K + M - 1 + S``, with
-    ``S = config.pe_multiply_stages`` registers between the PEs' multipliers and adders."""
-    return config.pe_rows + config.pe_cols - 1 + config.pe_multiply_stages
+    """Cycles from a moving vector's acceptance to its result beat: ``K (1 + A) + M - 1 +
+    S``, with ``S = config.pe_multiply_stages`` registers between the PEs' multipliers and
+    adders and ``A = config.pe_add_stages`` in their adders (the rows' skew is ``1 + A``)."""
+    return (config.pe_rows * (1 + config.pe_add_stages) + config.pe_cols - 1
+            + config.pe_multiply_stages)
 
 
 def load_cycles(config):
@@ -262,13 +264,16 @@ def load_cycles(config):
 
 def reload_guard(config):
     """Cycles from a swap to the first beat of the next load into the bank it retired:
-    ``K``; 1 with ``config.fast_weight_load = 1`` (the load's rows are written skewed,
-    behind the retired tile's last vector); ``max(1, M / 2 - 1)`` with 2 (two columns a
-    cycle overtake that vector by a column a cycle, so the load starts late enough to
-    write column ``M - 1`` behind it)."""
+    ``K + (K - 1) A`` (``A = config.pe_add_stages``: the retired tile's last vector reaches
+    row ``K - 1`` ``(K - 1)(1 + A)`` cycles after row 0); 1 with ``config.fast_weight_load
+    = 1`` (the load's rows are written skewed, behind the retired tile's last vector);
+    ``max(1, M / 2 - 1)`` with 2 (two columns a cycle overtake that vector by a column a
+    cycle, so the load starts late enough to write column ``M - 1`` behind it)."""
     if config.fast_weight_load == 2:
         return max(1, config.pe_cols // 2 - 1)
-    return 1 if config.fast_weight_load else config.pe_rows
+    if config.fast_weight_load:
+        return 1
+    return config.pe_rows + (config.pe_rows - 1) * config.pe_add_stages
 
 
 def issue_interval(config, n, *, fresh):

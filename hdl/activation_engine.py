@@ -41,8 +41,9 @@ _INT32 = numerics.data_format("int32").code
 
 def stages(config):
     """The engine's pipeline registers in a build: the datapath's :data:`STAGES`, after
-    ``config.activation_input_stages`` registers of the lanes' input."""
-    return STAGES + config.activation_input_stages
+    ``config.activation_input_stages`` registers of the lanes' input, and
+    ``config.activation_add_stages`` in the bias add."""
+    return STAGES + config.activation_input_stages + config.activation_add_stages
 
 
 def float_outputs(config):
@@ -116,8 +117,10 @@ class ActivationEngine(wiring.Component):
     Pipeline (``STAGES`` = 4 registers): multiply; add the bias; arithmetic shift with the
     guard and sticky bits (float: the function); round, function and saturate (float: the
     cast) into the output register; before them ``config.activation_input_stages`` (0 or
-    1) registers of the lanes' input. A vector accepted in cycle ``c`` is on ``output`` in
-    cycle ``c +`` :func:`stages` ``(config)``; one vector per cycle, on either path.
+    1) registers of the lanes' input, and in the bias add ``config.activation_add_stages``
+    more (inside the FP32 adder; the integer sum waits as long). A vector accepted in cycle
+    ``c`` is on ``output`` in cycle ``c +`` :func:`stages` ``(config)``; one vector per
+    cycle, on either path.
 
     The path not selected gets zero operands, so that its logic does not toggle (which
     costs simulation time, and power). The integer path is built only when ``int8`` is an
@@ -183,7 +186,8 @@ class ActivationEngine(wiring.Component):
             lane = ActivationLane(acc_bits=cfg.acc_bits, integer="int8" in cfg.dtypes,
                                   float_outputs=floats, shift_limit=SHIFT_LIMIT,
                                   out_bits=OUT_BITS, int8_range=INT8_RANGE,
-                                  input_stages=cfg.activation_input_stages)
+                                  input_stages=cfg.activation_input_stages,
+                                  add_stages=cfg.activation_add_stages)
             m.submodules[f"lane_{p}"] = shared(lane)
             m.d.comb += [
                 lane.advance.eq(advance), lane.x.eq(self.input.payload.data[p]),

@@ -7,6 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 
+from .fp_adder import MAX_STAGES as FP_ADDER_MAX_STAGES
 from .fp_adder import FPAdder
 from .fp_cast import FPCast
 from .fp_multiplier import FPMultiplier
@@ -20,15 +21,21 @@ _RELU = 1
 class ActivationLane(wiring.Component):
     """The datapath of one lane of :class:`~opentrn.hdl.activation_engine.ActivationEngine`
     (whose docstring states the arithmetic): ``result`` is the lane's output register,
-    ``STAGES + input_stages`` advances after ``x`` entered. The engine decodes the
+    ``STAGES + input_stages + add_stages`` advances after ``x`` entered. The engine decodes the
     operation once for all lanes (``is_float``, ``is_int32``) and tracks which results are
     valid; the lane holds data only (no reset), so every lane of an engine is one shared block
     (:mod:`opentrn.hdl.hierarchy`).
 
     ``integer`` builds the integer path (a build with int8), ``float_outputs`` the float
-    path's output formats (empty: no float path); ``input_stages`` (0 or 1) registers ``x``
-    before both paths (``Config.activation_input_stages``), so a multiply starts from
-    flip-flops.
+    path's output formats (empty: no float path); ``input_stages`` (0 or 1) adds a stage in
+    front of both multiplies (``Config.activation_input_stages``): the integer path
+    registers ``x``, so its multiply starts from flip-flops; the float path's multiplier is
+    cut after its significand product instead
+    (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
+    operands' decode and multiply and the normalization and rounding take a cycle each.
+    ``add_stages`` (0 to 2, ``Config.activation_add_stages``) cut the float path's FP32
+    adder (:class:`~opentrn.hdl.fp_adder.FPAdder` ``stages``) and delay the integer path's
+    sum with the bias as long.
 
     Members
     -------
@@ -46,16 +53,19 @@ class ActivationLane(wiring.Component):
     """
 
     def __init__(self, *, acc_bits, integer, float_outputs, shift_limit, out_bits,
-                 int8_range, input_stages=0):
+                 int8_range, input_stages=0, add_stages=0):
         if input_stages not in (0, 1):
             raise ValueError(f"input_stages must be 0 or 1, not {input_stages!r}")
-        self._input_stages = input_stages
+        if add_stages not in range(FP_ADDER_MAX_STAGES + 1):
+            raise ValueError(f"add_stages must be from 0 to {FP_ADDER_MAX_STAGES}, "
+                             f"not {add_stages!r}")
+        self._input_stages, self._add_stages = input_stages, add_stages
         self._acc_bits, self._integer = acc_bits, bool(integer)
         self._floats = tuple(float_outputs)
         self._shift_limit, self._out_bits, self._int8_range = shift_limit, out_bits, int8_range
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
         self.shared_key = (acc_bits, self._integer, self._floats, shift_limit, out_bits,
-                           int8_range, input_stages)
+                           int8_range, input_stages, add_stages)
         super().__init__({
             "advance": In(1), "x": In(signed(acc_bits)),
             "is_float": In(1), "is_int32": In(1),
@@ -66,17 +76,17 @@ class ActivationLane(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        x = self.x
-        if self._input_stages:
-            x = self._register(signed(self._acc_bits), "x")
-            with m.If(self.advance):
-                m.d.sync += x.eq(self.x)
         int_result = Const(0, signed(self._out_bits))
         if self._integer:
+            x = self.x
+            if self._input_stages:
+                x = self._register(signed(self._acc_bits), "x")
+                with m.If(self.advance):
+                    m.d.sync += x.eq(self.x)
             int_result = self._integer_path(m, x)
         result = int_result
         if self._floats:
-            result = self._float_path(m, x, int_result)
+            result = self._float_path(m, self.x, int_result)
         output = Signal(signed(self._out_bits), reset_less=True)
         with m.If(self.advance):
             m.d.sync += output.eq(result)
@@ -113,9 +123,15 @@ class ActivationLane(wiring.Component):
             # Stage 1: the exact product; a zero operand on the float path, so that the
             # multiplier does not toggle.
             m.d.sync += product.eq(Mux(self.is_float, 0, x) * self.multiplier)
-            # Stage 2: plus the bias, exact (one bit wider).
+            # Stage 2: plus the bias, exact (one bit wider); add_stages more registers
+            # follow (the float path's adder is cut as many times).
             m.d.sync += pre.eq(product + Mux(self.is_float, 0, self.bias))
-
+        for stage in range(self._add_stages):
+            delayed = self._register(signed(pre_bits), f"pre_stage{stage}")
+            with m.If(self.advance):
+                m.d.sync += delayed.eq(pre)
+            pre = delayed
+        with m.If(self.advance):
             # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to even
             # from the bits shifted out: the guard bit (weight 2**(shift-1), the "half"), and
             # the sticky bit (any bit below it): round up when the remainder is above half
@@ -143,11 +159,17 @@ class ActivationLane(wiring.Component):
         return saturated
 
     def _float_path(self, m, x, int_result):
-        """The float path's stages 1 to 3 from ``x`` and its cast; returns the stage 4 value
-        of the operation's path (the float code or ``int_result``)."""
+        """The float path's stages 1 to 3 from ``x`` (the input stage inside the multiplier)
+        and its cast; returns the stage 4 value of the operation's path (the float code or
+        ``int_result``)."""
         fp32 = numerics.data_format("fp32").code
-        m.submodules.fp_multiplier = multiplier = FPMultiplier(formats=("fp32",), lanes=1)
-        m.submodules.fp_adder = adder = FPAdder(lanes=1)
+        m.submodules.fp_multiplier = multiplier = FPMultiplier(
+            formats=("fp32",), lanes=1, stages=self._input_stages)
+        if self._input_stages:
+            m.d.comb += multiplier.enable.eq(self.advance)
+        m.submodules.fp_adder = adder = FPAdder(lanes=1, stages=self._add_stages)
+        if self._add_stages:
+            m.d.comb += adder.enable.eq(self.advance)
         m.submodules.fp_cast = cast = FPCast(formats=self._floats, lanes=1)
         product = self._register(unsigned(32), "fp_product")      # stage 1
         total = self._register(unsigned(32), "fp_sum")            # stage 2

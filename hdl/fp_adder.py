@@ -1,7 +1,7 @@
-"""FP32 adder: IEEE-754 binary32 ``a + b``, round to nearest even, combinational, a lane
-vector."""
+"""FP32 adder: IEEE-754 binary32 ``a + b``, round to nearest even, a lane vector,
+combinational or cut into stages."""
 
-from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -10,7 +10,7 @@ from opentrn.numerics import CANONICAL_NAN32, FP32
 from .hierarchy import shared
 from .params import refusing
 
-__all__ = ["FPAdder", "TEST_LANES", "unit_test_top"]
+__all__ = ["FPAdder", "MAX_STAGES", "TEST_LANES", "unit_test_top"]
 
 #: Lanes of the build the unit testbench runs (:func:`unit_test_top`).
 TEST_LANES = 16
@@ -24,15 +24,23 @@ _GRS = 3                                 # guard, round and sticky bits below th
 _WIDE = _SIG + _GRS                      # aligned significands (27); the sum has one more bit
 
 
-def _check_lanes(lanes):
+#: The most registers :class:`FPAdder` can be cut by (after the alignment, after the add).
+MAX_STAGES = 2
+
+
+def _check(lanes, stages):
     if not isinstance(lanes, int) or isinstance(lanes, bool):
         raise TypeError(f"lanes must be an integer, not {lanes!r}")
     if lanes < 1:
         raise ValueError(f"lanes must be at least 1, not {lanes}")
+    if not isinstance(stages, int) or isinstance(stages, bool) \
+            or not 0 <= stages <= MAX_STAGES:
+        raise ValueError(f"stages must be an integer from 0 to {MAX_STAGES}, not {stages!r}")
 
 
 class FPAdder(wiring.Component):
-    """``sum = a + b`` in IEEE-754 binary32, per lane, combinational (no clock).
+    """``sum = a + b`` in IEEE-754 binary32, per lane, combinational (no clock) unless
+    ``stages`` is 1 or 2.
 
     Numerics:
 
@@ -56,6 +64,12 @@ class FPAdder(wiring.Component):
     (so a subnormal may round up to the smallest normal and the largest finite to infinity);
     pack, with the special cases (NaN, infinity, zero) selected last.
 
+    ``stages`` registers (no reset; they advance while ``enable`` is high) cut the datapath:
+    the first after the alignment, the second after the add, so ``sum`` is the sum of the
+    operands of ``stages`` advances ago, and the longest path is the alignment, the add,
+    or the normalization and rounding rather than all three (a processing element's
+    accumulate, ``Config.pe_add_stages``).
+
     Members
     -------
     a : ``In(data.ArrayLayout(unsigned(32), lanes))``
@@ -64,29 +78,34 @@ class FPAdder(wiring.Component):
         FP32 codes of the second operand.
     sum : ``Out(data.ArrayLayout(unsigned(32), lanes))``
         FP32 code of ``a + b``, lane by lane.
+    enable : ``In(1)``
+        Advance the registers (only with ``stages`` 1 or 2).
     """
 
-    def __init__(self, *, lanes):
+    def __init__(self, *, lanes, stages=0):
         with refusing(self):
-            _check_lanes(lanes)
-        self._lanes = lanes
+            _check(lanes, stages)
+        self._lanes, self._stages = lanes, stages
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`): a lane is shared.
-        self.shared_key = (lanes,)
+        self.shared_key = (lanes, stages)
         layout = data.ArrayLayout(unsigned(FP32.bits), lanes)
-        super().__init__({
-            "a": In(layout),
-            "b": In(layout),
-            "sum": Out(layout),
-        })
+        members = {"a": In(layout), "b": In(layout), "sum": Out(layout)}
+        if stages:
+            members["enable"] = In(1)
+        super().__init__(members)
 
     @property
     def lanes(self):
         return self._lanes
 
+    @property
+    def stages(self):
+        return self._stages
+
     def elaborate(self, platform):
         m = Module()
         if self._lanes == 1:
-            m.d.comb += self.sum[0].eq(_add(m, self.a[0], self.b[0], "lane0"))
+            m.d.comb += self.sum[0].eq(_add(m, self.a[0], self.b[0], "lane0", self._stage))
             return m
         # One block per lane, all the same module (hierarchy.shared), so a 128-lane adder
         # elaborates one lane. One assignment of the whole vector, not one per lane: Icarus
@@ -94,16 +113,33 @@ class FPAdder(wiring.Component):
         # (quadratic in the lanes).
         lanes = []
         for index in range(self._lanes):
-            lane = FPAdder(lanes=1)
+            lane = FPAdder(lanes=1, stages=self._stages)
             m.submodules[f"lane_{index}"] = shared(lane)
             m.d.comb += [lane.a[0].eq(self.a[index]), lane.b[0].eq(self.b[index])]
+            if self._stages:
+                m.d.comb += lane.enable.eq(self.enable)
             lanes.append(lane.sum[0])
         m.d.comb += self.sum.eq(Cat(*lanes))
         return m
 
+    def _stage(self, m, number, values, prefix):
+        """``values`` (a dict of name to Value) after cut ``number`` (1: the alignment, 2: the
+        add): registered if the adder has that many stages, else themselves."""
+        if number > self._stages:
+            return values
+        registered = {}
+        for name, value in values.items():
+            register = Signal(Value.cast(value).shape(), name=f"{prefix}_{name}_stage{number}",
+                              reset_less=True)
+            with m.If(self.enable):
+                m.d.sync += register.eq(value)
+            registered[name] = register
+        return registered
 
-def _add(m, a, b, prefix):
-    """The scalar datapath: the code of ``a + b`` (both FP32 codes)."""
+
+def _add(m, a, b, prefix, stage):
+    """The scalar datapath: the code of ``a + b`` (both FP32 codes); ``stage(m, number,
+    values, prefix)`` passes the values that cross cut ``number`` (``FPAdder._stage``)."""
     def signal(shape, name):
         return Signal(shape, name=f"{prefix}_{name}")
 
@@ -144,8 +180,18 @@ def _add(m, a, b, prefix):
     ]
 
     x_wide = Cat(Const(0, _GRS), fx, x_normal)
+    # |y| <= |x|: y is an infinity or a NaN only if x is one too.
+    x_top, y_top = ex == _EXP_ALL_ONES, ey == _EXP_ALL_ONES
+    nan = x_top & (fx.any() | (y_top & subtract))          # a NaN operand, or inf - inf
+    # What the add and the stages after it read of the operands.
+    kept = {"ex_eff": ex_eff, "sx": sx, "sy": sy, "x_top": x_top, "nan": nan}
+    cut = stage(m, 1, {**kept, "subtract": subtract, "x_wide": x_wide, "aligned": aligned},
+                prefix)
     raw = signal(_WIDE + 1, "raw")      # |x| >= |y|: the difference is never negative
-    m.d.comb += raw.eq(Mux(subtract, x_wide - aligned, x_wide + aligned))
+    m.d.comb += raw.eq(Mux(cut["subtract"], cut["x_wide"] - cut["aligned"],
+                           cut["x_wide"] + cut["aligned"]))
+    cut = stage(m, 2, {**{name: cut[name] for name in kept}, "raw": raw}, prefix)
+    raw, ex_eff, sx, sy = cut["raw"], cut["ex_eff"], cut["sx"], cut["sy"]
     carry = raw[_WIDE]
 
     # Leading zeros below the carry bit (a priority encoder); a cancellation of more than one
@@ -175,11 +221,8 @@ def _add(m, a, b, prefix):
     magnitude = signal(32, "magnitude")
     m.d.comb += magnitude.eq((exp_less_one << _MAN) + norm[_GRS:] + round_up)
 
-    # |y| <= |x|: y is an infinity or a NaN only if x is one too.
-    x_top, y_top = ex == _EXP_ALL_ONES, ey == _EXP_ALL_ONES
-    nan = x_top & (fx.any() | (y_top & subtract))          # a NaN operand, or inf - inf
-    infinite = x_top | (magnitude >= _INF_MAGNITUDE)       # an infinite operand, or overflow
-    return Mux(nan, CANONICAL_NAN32,
+    infinite = cut["x_top"] | (magnitude >= _INF_MAGNITUDE)    # infinite operand, overflow
+    return Mux(cut["nan"], CANONICAL_NAN32,
                Mux(infinite, Cat(Const(_INF_MAGNITUDE, 31), sx),
                    Mux(raw == 0, Cat(Const(0, 31), sx & sy),
                        Cat(magnitude[:31], sx))))

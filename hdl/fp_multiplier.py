@@ -2,7 +2,7 @@
 multiply of the tensor engine's processing elements (BF16, FP8, MXFP8) and of the
 activation engine's FP32 scale."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
@@ -46,7 +46,8 @@ def _product_exponent_range(fmt):
 
 class FPMultiplier(wiring.Component):
     """``lanes`` independent multipliers: ``product[i] = a[i] * b[i]`` (times
-    ``2**(scale_a[i] + scale_b[i] - 254)`` for the MX formats), combinational (no clock).
+    ``2**(scale_a[i] + scale_b[i] - 254)`` for the MX formats), combinational (no clock)
+    unless ``stages`` is 1.
 
     Numerics (both operands in the format ``format`` selects; the result IEEE-754 binary32):
 
@@ -75,6 +76,14 @@ class FPMultiplier(wiring.Component):
 
     For a ``format`` code not among ``formats`` the product is unspecified (it is 0).
 
+    With ``stages = 1`` the datapath is cut after the multiply: a register (no reset; it
+    advances while ``enable`` is high) holds each lane's significand product, exponent sum
+    and special cases, so ``product`` is the product of the operands (and ``format``) of
+    the last cycle ``enable`` was high. The decode and the multiply take one cycle and the
+    normalization and rounding the next, where one register after the whole product would
+    leave them all in one (a processing element's ``multiply_stages``, the activation
+    lanes' input register: docs/fpga.md, "Timing").
+
     Members
     -------
     format : ``In(numerics.FORMAT_CODE_BITS)``
@@ -86,12 +95,16 @@ class FPMultiplier(wiring.Component):
         E8M0 scale codes of ``a`` and ``b`` (only when an MX format is built).
     product : ``Out(data.ArrayLayout(unsigned(32), lanes))``
         FP32 codes of the products.
+    enable : ``In(1)``
+        Advance the register (only with ``stages = 1``).
     """
 
-    def __init__(self, *, formats, lanes=1):
+    def __init__(self, *, formats, lanes=1, stages=0):
         with refusing(self):
             self._formats = self._check(formats, lanes)
-        self._lanes = lanes
+            if stages not in (0, 1) or isinstance(stages, bool):
+                raise ValueError(f"stages must be 0 or 1, not {stages!r}")
+        self._lanes, self._stages = lanes, stages
         fmts = [numerics.data_format(name) for name in self._formats]
         self._elements = list(dict.fromkeys(fmt.element for fmt in fmts))
         self._mx = any(fmt.mx for fmt in fmts)
@@ -113,6 +126,8 @@ class FPMultiplier(wiring.Component):
             members["scale_a"] = In(data.ArrayLayout(unsigned(8), lanes))
             members["scale_b"] = In(data.ArrayLayout(unsigned(8), lanes))
         members["product"] = Out(data.ArrayLayout(unsigned(32), lanes))
+        if stages:
+            members["enable"] = In(1)
         super().__init__(members)
 
     @staticmethod
@@ -141,6 +156,10 @@ class FPMultiplier(wiring.Component):
     def lanes(self):
         return self._lanes
 
+    @property
+    def stages(self):
+        return self._stages
+
     def elaborate(self, platform):
         m = Module()
         fmts = [numerics.data_format(name) for name in self._formats]
@@ -167,12 +186,17 @@ class FPMultiplier(wiring.Component):
         if mx_codes:
             m.d.comb += shared.is_mx.eq(Cat(self.format == code for code in mx_codes).any())
 
+        # After the cut (stages = 1) only ``built`` is read, as of the operands' cycle.
+        late = shared
+        if self._stages:
+            late = replace(shared, built=self._registered(m, shared.built, "built"))
         results = []
         for lane in range(self._lanes):
             scales = (self.scale_a[lane], self.scale_b[lane]) if self._mx else None
-            results.append(self._lane(m, shared, lane, self.a[lane], self.b[lane], scales))
+            results.append(self._lane(m, shared, late, lane, self.a[lane], self.b[lane],
+                                      scales))
         # One process writes the whole port once the lanes have settled (see _wire).
-        with m.If(shared.built):
+        with m.If(late.built):
             m.d.comb += [self.product[lane].eq(result) for lane, result in enumerate(results)]
         return m
 
@@ -191,6 +215,13 @@ class FPMultiplier(wiring.Component):
         with m.If(shared.built):
             m.d.comb += signal.eq(value)
         return signal
+
+    def _registered(self, m, value, name):
+        """``value`` as of the last cycle ``enable`` was high (``stages = 1``)."""
+        register = Signal(value.shape(), name=f"{name}_stage", reset_less=True)
+        with m.If(self.enable):
+            m.d.sync += register.eq(value)
+        return register
 
     @staticmethod
     def _select(uses, values):
@@ -248,8 +279,9 @@ class FPMultiplier(wiring.Component):
             step //= 2
         return x[width - len(p):], Cat(*reversed(lz))
 
-    def _lane(self, m, shared, lane, a, b, scales):
-        """The FP32 code of one lane's product."""
+    def _lane(self, m, shared, late, lane, a, b, scales):
+        """The FP32 code of one lane's product; ``late`` is what the stages after the multiply
+        read of ``shared``."""
         man_bits = _FP32.man_bits
         sign_a, sig_a, exp_a, zero_a, nan_a, inf_a = self._decode(m, shared, a, f"a{lane}")
         sign_b, sig_b, exp_b, zero_b, nan_b, inf_b = self._decode(m, shared, b, f"b{lane}")
@@ -264,13 +296,20 @@ class FPMultiplier(wiring.Component):
         special = self._wire(m, shared, f"nan_inf_zero{lane}", 4,
                              Cat(nan, inf_a | inf_b, zero_a | zero_b, sign_a ^ sign_b))
 
-        # The exact product, normalized: 1.q * 2**e.
+        # The exact product and its exponent before normalization.
         width = 2 * (self._man + 1)
         p = self._wire(m, shared, f"p{lane}", width, sig_a * sig_b)
+        exponent_sum = self._wire(m, shared, f"exponent_sum{lane}", signed(_E_BITS),
+                                  exp_a + exp_b + shared.offset + scale)
+        if self._stages:
+            special = self._registered(m, special, f"nan_inf_zero{lane}")
+            p = self._registered(m, p, f"p{lane}")
+            exponent_sum = self._registered(m, exponent_sum, f"exponent_sum{lane}")
+        shared = late
+        # Normalized: 1.q * 2**e.
         normalized, lz = self._normalize(m, shared, p, f"p{lane}")
         q = normalized
-        e = self._wire(m, shared, f"e{lane}", signed(_E_BITS),
-                       exp_a + exp_b + shared.offset + scale - lz)
+        e = self._wire(m, shared, f"e{lane}", signed(_E_BITS), exponent_sum - lz)
 
         if not self._need_round:
             # Exact and normal: pack the fraction below the leading one and E.

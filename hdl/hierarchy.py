@@ -50,8 +50,11 @@ _LIBRARY = contextvars.ContextVar("opentrn_hdl_library", default=None)
 #: The module header lines of Amaranth's RTLIL: ``wire width 8 input 3 signed \x_in``.
 _PORT = re.compile(r"^\s*wire (?:width \d+ )?(input|output|inout) \d+\s+(?:signed )?\\(\S+)$")
 #: A mention of the reset wire (its declaration is one), not as the name of an instance's
-#: port (``connect \rst 1'0`` inside a cell).
-_RESET_USE = re.compile(r"(?<!connect )\\rst(?![\w$.])")
+#: port (``connect \rst 1'0`` inside a cell) nor as what a submodule's reset port is
+#: given (``connect \rst \rst [0]``: the submodule's own text shows whether it uses it).
+_RESET_USE = re.compile(r"(?<!connect )(?<!connect \\rst )\\rst(?![\w$.])")
+#: The declaration of a module's reset port, one per module of the text that has a domain.
+_RESET_DECLARATION = re.compile(r"^\s*wire width 1 input \d+\s+\\rst$", re.MULTILINE)
 
 
 def _ports(component):
@@ -105,7 +108,8 @@ class _Library:
             declared = {match.group(2) for match in map(_PORT.match, text.splitlines())
                         if match}
             # Amaranth gives a module the reset port of its domain even when nothing uses it.
-            if "rst" in declared and len(_RESET_USE.findall(text)) > 1:
+            if "rst" in declared and \
+                    len(_RESET_USE.findall(text)) > len(_RESET_DECLARATION.findall(text)):
                 raise SharedBlockError(
                     f"{type(component).__name__}: a shared block must hold no resettable "
                     "state (make its registers reset_less): ResetInserter does not reach "

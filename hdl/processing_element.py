@@ -6,6 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 
+from .fp_adder import MAX_STAGES as FP_ADDER_MAX_STAGES
 from .fp_adder import FPAdder
 from .fp_multiplier import FPMultiplier
 from .params import refusing
@@ -103,7 +104,17 @@ class ProcessingElement(wiring.Component):
     multiply of an element happens when it arrives and its accumulate ``s`` cycles later,
     with the partial sum that arrives then. ``psum_out`` is the sum ``s + 1`` cycles after
     ``x_in``, ``x_out`` still one cycle after, so an array keeps its skew of one cycle per
-    row and gains ``s`` cycles of latency (docs/architecture.md, "Timing").
+    row and gains ``s`` cycles of latency (docs/architecture.md, "Timing"). With ``s >= 2``
+    a float lane's first register is inside its multiplier, after the significand product
+    (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
+    normalization and rounding have a cycle of their own; one register stays after the
+    whole product, which balances the multiply against the add.
+
+    With ``add_stages = a > 0`` (every format one MAC a cycle) the float adder is cut by
+    ``a`` registers (:class:`~opentrn.hdl.fp_adder.FPAdder` ``stages``) and the integer sum
+    delayed as much: ``psum_out`` is the sum ``s + a + 1`` cycles after ``x_in``, so an array
+    skews its rows by ``1 + a`` cycles each, for the partial sum from above to meet each
+    element (:class:`~opentrn.hdl.tensor_engine.TensorEngine`).
 
     All registers advance only while ``enable`` is high (the array stalls as one). They
     carry data only and have no reset (``reset_less``): what is valid is tracked by the
@@ -145,7 +156,7 @@ class ProcessingElement(wiring.Component):
     """
 
     def __init__(self, *, in_bits, acc_bits, formats=("int8",), macs=None,
-                 multiply_stages=0, banks=2):
+                 multiply_stages=0, add_stages=0, banks=2):
         with refusing(self):
             self._floats, self._rates = _check(in_bits, acc_bits, formats,
                                                {} if macs is None else macs)
@@ -153,10 +164,19 @@ class ProcessingElement(wiring.Component):
                     or not 0 <= multiply_stages <= MAX_MULTIPLY_STAGES:
                 raise ValueError(f"multiply_stages={multiply_stages!r}: must be an integer "
                                  f"from 0 to {MAX_MULTIPLY_STAGES}")
+            if not isinstance(add_stages, int) or isinstance(add_stages, bool) \
+                    or not 0 <= add_stages <= FP_ADDER_MAX_STAGES:
+                raise ValueError(f"add_stages={add_stages!r}: must be an integer "
+                                 f"from 0 to {FP_ADDER_MAX_STAGES}")
+            packed = sorted(name for name, rate in self._rates.items() if rate > 1)
+            if add_stages and packed:
+                raise ValueError(f"add_stages={add_stages}: needs one MAC per cycle in every "
+                                 f"format, not {self._rates[packed[0]]} in {packed[0]}")
             if not isinstance(banks, int) or isinstance(banks, bool) \
                     or not 2 <= banks <= MAX_BANKS:
                 raise ValueError(f"banks={banks!r}: must be an integer from 2 to {MAX_BANKS}")
         self._stages = multiply_stages
+        self._add_stages = add_stages
         self._banks = banks
         self._in_bits = in_bits
         self._acc_bits = acc_bits
@@ -164,7 +184,7 @@ class ProcessingElement(wiring.Component):
         self._mx = any(numerics.data_format(name).mx for name in formats)
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
         self.shared_key = (in_bits, acc_bits, formats, tuple(sorted(self._rates.items())),
-                           multiply_stages, banks)
+                           multiply_stages, add_stages, banks)
         members = {
             "enable": In(1),
             "x_in": In(unsigned(in_bits)),
@@ -245,9 +265,16 @@ class ProcessingElement(wiring.Component):
                     m.d.comb += [int_x.eq(self.x_in[field]), int_w.eq(weight[field])]
                 int_result = int_result + self._delayed(m, int_x * int_w, f"int_product{lane}")
 
+        # With add_stages the float adder's registers hold a sum for that many cycles more:
+        # the integer sum (wrapped first) and the choice between them wait as long.
+        if self._add_stages and "int8" in self._formats:
+            wrapped = Signal(signed(self._acc_bits), name="int_sum")
+            m.d.comb += wrapped.eq(int_result)
+            int_result = self._delayed(m, wrapped, "int_sum", self._add_stages)
         if self._floats:
             float_result = self._float_lanes(m, weight, weight_scale, format_at_add)
-            is_float = format_at_add != numerics.data_format("int8").code
+            format_at_sum = self._delayed(m, format_at_add, "format_at_sum", self._add_stages)
+            is_float = format_at_sum != numerics.data_format("int8").code
             if "int8" in self._formats:
                 m.d.comb += result.eq(Mux(is_float, float_result, int_result))
             else:
@@ -267,11 +294,11 @@ class ProcessingElement(wiring.Component):
             m.d.comb += port.eq(register)
         return m
 
-    def _delayed(self, m, value, name):
-        """``value`` through ``multiply_stages`` registers that advance with ``enable``
-        (``value`` itself with none)."""
+    def _delayed(self, m, value, name, stages=None):
+        """``value`` through ``stages`` (default ``multiply_stages``) registers that advance
+        with ``enable`` (``value`` itself with none)."""
         value = Value.cast(value)
-        for stage in range(self._stages):
+        for stage in range(self._stages if stages is None else stages):
             register = Signal(value.shape(), name=f"{name}_stage{stage}", reset_less=True)
             with m.If(self.enable):
                 m.d.sync += register.eq(value)
@@ -280,15 +307,18 @@ class ProcessingElement(wiring.Component):
 
     def _float_lanes(self, m, weight, weight_scale, format_at_add):
         """The float path: a multiplier and an adder per lane, the adders chained in lane
-        order, ``multiply_stages`` registers between them. Returns the FP32 code of the last
-        active lane's sum."""
+        order, ``multiply_stages`` registers between them, with two or more the first inside
+        the multiplier (after its significand product, so that the normalization and
+        rounding are in the next cycle). Returns the FP32 code of the last active lane's
+        sum."""
         codes = {name: numerics.data_format(name).code for name in self._floats}
         acc = self.psum_in
         for lane in range(max(self._rates[name] for name in self._floats)):
             lane_formats = self._lane_formats(lane)
             suffix = f"_{lane}" if lane else ""
-            multiplier = FPMultiplier(formats=lane_formats, lanes=1)
-            adder = FPAdder(lanes=1)
+            multiplier = FPMultiplier(formats=lane_formats, lanes=1,
+                                      stages=int(self._stages >= 2))
+            adder = FPAdder(lanes=1, stages=self._add_stages)
             m.submodules[f"multiplier{suffix}"] = multiplier
             m.submodules[f"adder{suffix}"] = adder
             # The lane is in use for the formats with more than ``lane`` MACs per cycle.
@@ -315,9 +345,17 @@ class ProcessingElement(wiring.Component):
                                 multiplier.scale_a[0].eq(weight_scale),
                                 multiplier.scale_b[0].eq(self.x_scale_in),
                             ]
-            product = self._delayed(m, multiplier.product[0], f"lane{lane}_product")
+            if multiplier.stages:
+                m.d.comb += multiplier.enable.eq(self.enable)
+            if self._add_stages:
+                m.d.comb += adder.enable.eq(self.enable)
+            product = self._delayed(m, multiplier.product[0], f"lane{lane}_product",
+                                    self._stages - multiplier.stages)
             with m.If(active):
                 m.d.comb += [adder.a[0].eq(acc), adder.b[0].eq(product)]
+            if self._add_stages:
+                # One lane (every rate is 1): its sum is the float result, for a float format.
+                return adder.sum[0]
             lane_sum = Signal(32, name=f"lane{lane}_sum")
             m.d.comb += lane_sum.eq(Mux(active, adder.sum[0], acc))
             acc = lane_sum

@@ -82,7 +82,7 @@ class ProcessingElementArray(wiring.Component):
     """
 
     def __init__(self, *, rows, cols, in_bits, acc_bits, formats, macs=None,
-                 multiply_stages=0, banks=2, write_columns=1):
+                 multiply_stages=0, add_stages=0, banks=2, write_columns=1):
         for name, value in (("rows", rows), ("cols", cols)):
             if not _is_pow2(value):
                 self._MustUse__silence = True  # refused, so it is not an unused elaboratable
@@ -93,7 +93,8 @@ class ProcessingElementArray(wiring.Component):
                              f"cols={cols}")
         self._rows, self._cols, self._write_columns = rows, cols, write_columns
         self._pe_args = dict(in_bits=in_bits, acc_bits=acc_bits, formats=formats, macs=macs,
-                             multiply_stages=multiply_stages, banks=banks)
+                             multiply_stages=multiply_stages, add_stages=add_stages,
+                             banks=banks)
         try:
             # Checks the PE's arguments (a refused PE raises here).
             probe = ProcessingElement(**self._pe_args)

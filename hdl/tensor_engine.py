@@ -4,6 +4,7 @@
 from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 from opentrn import numerics
 from opentrn.numerics import mx_block_rows, mx_blocks  # scale fields when mx_blocks > 0
@@ -98,12 +99,13 @@ class TensorEngine(wiring.Component):
     ``config.dtypes``.
 
     Row ``k`` holds ``stationary[k, :]``; moving element ``moving[k, n]`` enters row ``k``
-    skewed by ``k`` cycles and flows right; partial sums flow down; column ``m`` produces
-    ``out[m, n]``, which is de-skewed so that one result beat carries all ``pe_cols`` values
-    of one column ``n`` of ``out``. Each vector's format code travels with it (down the skew
-    lines and along the rows, as its bank does): the stationary tile holds raw bits, so
-    vectors of different formats may use one tile (the tensor unit allows only the format of
-    the load; the array does not care).
+    skewed by ``k (1 + A)`` cycles (``A = config.pe_add_stages``, the registers in each PE's
+    adder, which hold a partial sum ``A`` cycles more on its way down) and flows right;
+    partial sums flow down; column ``m`` produces ``out[m, n]``, which is de-skewed so that
+    one result beat carries all ``pe_cols`` values of one column ``n`` of ``out``. Each
+    vector's format code travels with it (down the skew lines and along the rows, as its
+    bank does): the stationary tile holds raw bits, so vectors of different formats may use
+    one tile (the tensor unit allows only the format of the load; the array does not care).
 
     MX formats (a build with one has :func:`mx_blocks` blocks of ``numerics.MX_BLOCK``
     rows): every stationary beat carries column ``m``'s E8M0 scale per block, stored in each
@@ -119,18 +121,18 @@ class TensorEngine(wiring.Component):
     * a stationary load takes ``M / c`` beats (``c = config.load_columns`` columns each: 1,
       or 2 with ``fast_weight_load = 2``), one per cycle, into a bank no tile in use holds;
     * a moving vector accepted in cycle ``c`` produces its result beat in cycle
-      ``c + K + M - 1 + S`` (``S = config.pe_multiply_stages``, registers between the PEs'
-      multipliers and adders), one vector per cycle;
+      ``c + K (1 + A) + M - 1 + S`` (``S = config.pe_multiply_stages``, registers between
+      the PEs' multipliers and adders), one vector per cycle;
     * the banks (2, or 3 with ``fast_weight_load = 2``) are used in turn. A load into the
       bank a ``swap`` retired starts ``G`` cycles after that swap, and a swap waits for its
       whole load, so a stream of matmuls that each take a fresh tile issues one every
       ``max(N, G + M)`` cycles with two banks; matmuls that reuse a tile issue back to
-      back. Without ``config.fast_weight_load``, ``G = K``: a beat writes its column into
-      every row at once, so the old tile's last vectors must have passed every row first.
-      With 1, ``G = 1``: a beat's element of row ``k`` travels down row ``k``'s skew line
-      with the moving elements and is written ``k`` cycles after the beat, so the load
-      follows the old tile's last vector through the array one column behind it
-      (``max(N, M + 1)``: 129 cycles at 128x128 instead of 256). With 2, the beats are
+      back. Without ``config.fast_weight_load``, ``G = K + (K - 1) A``: a beat writes its
+      column into every row at once, so the old tile's last vectors must have passed every
+      row first. With 1, ``G = 1``: a beat's element of row ``k`` travels down row ``k``'s
+      skew line with the moving elements and is written ``k (1 + A)`` cycles after the
+      beat, so the load follows the old tile's last vector through the array one column
+      behind it (``max(N, M + 1)``: 129 cycles at 128x128 instead of 256). With 2, the beats are
       skewed as with 1 and carry two columns, which gain a column a cycle on that vector,
       so ``G = M / 2 - 1`` (at least 1) keeps column ``M - 1`` behind it; the third bank
       lets the next tile load while the one before it waits for its swap (a load waits for
@@ -183,7 +185,9 @@ class TensorEngine(wiring.Component):
         # Per bank, advances to wait after the swap that retired it before a load may
         # write it, less one (the cycle the swap registers; golden
         # tensor_engine.reload_guard is this plus one). Why these: below, at the swap.
-        guard_value = (rows - 1 if not fast else 0 if fast == 1
+        # Rows are skew_step cycles apart (the PEs' add stages, below).
+        skew_step = 1 + cfg.pe_add_stages
+        guard_value = ((rows - 1) * skew_step if not fast else 0 if fast == 1
                        else max(cols // 2 - 2, 0))
         guards = [Signal(range(max(guard_value, 1) + 1), name=f"guard_{bank}")
                   for bank in range(banks)]
@@ -223,12 +227,13 @@ class TensorEngine(wiring.Component):
         with m.If(swapping):
             m.d.sync += [active.eq(bank_after(active, 1)), active_valid.eq(1)]
         # The old active bank is retired. Its last vector entered row 0 in the previous cycle
-        # at the latest and uses column c of row k k+c cycles later. Without the fast load,
-        # every row is written at once, so the next load into it waits until that vector
-        # has passed row K-1 (K cycles). With it, a load's rows are written skewed like the
-        # vectors, row k k cycles after its beat: one column a cycle stays behind that
-        # vector from the next cycle on; two columns a cycle gain a column a cycle on it, so
-        # they start late enough (M / 2 - 1 cycles) for column M - 1.
+        # at the latest and uses column c of row k k*skew_step+c cycles later. Without the
+        # fast load, every row is written at once, so the next load into it waits until that
+        # vector has passed row K-1 ((K-1)*skew_step + 1 cycles). With it, a load's rows are
+        # written skewed like the vectors, row k k*skew_step cycles after its beat: one
+        # column a cycle stays behind that vector from the next cycle on; two columns a
+        # cycle gain a column a cycle on it, so they start late enough (M / 2 - 1 cycles)
+        # for column M - 1.
         for bank, guard in enumerate(guards):
             if guard_value == 0:
                 continue            # the pending count alone keeps the load a cycle behind
@@ -242,15 +247,17 @@ class TensorEngine(wiring.Component):
             rows=rows, cols=cols, in_bits=cfg.in_bits, acc_bits=cfg.acc_bits,
             formats=self._formats, macs={name: cfg.macs_per_pe_cycle(name)
                                          for name in self._formats},
-            multiply_stages=cfg.pe_multiply_stages, banks=banks, write_columns=per_beat)
+            multiply_stages=cfg.pe_multiply_stages, add_stages=cfg.pe_add_stages, banks=banks,
+            write_columns=per_beat)
         m.submodules.array = shared(array)
 
-        # Skew: row k sees a vector k advances after row 0, in step with the partial sums
-        # coming down from the rows above; de-skew: column m leaves the array m advances
-        # after column 0 and is delayed M-1-m more. Delay lines of one block each
-        # (DelayLine: a circular buffer, the same module whatever the delay), all written at
-        # one index, the advances so far.
-        skew_index = Signal(range(rows), name="skew_index")
+        # Skew: row k sees a vector k*skew_step advances after row 0, in step with the
+        # partial sums coming down from the rows above (each PE holds one skew_step
+        # advances); de-skew: column m leaves the array m advances after column 0 and is
+        # delayed M-1-m more. Delay lines of one block each (DelayLine: a circular buffer,
+        # the same module whatever the delay), all written at one index, the advances so far.
+        skew_depth = 1 << ceil_log2((rows - 1) * skew_step + 1)
+        skew_index = Signal(range(skew_depth), name="skew_index")
         deskew_index = Signal(range(cols), name="deskew_index")
         with m.If(advance):
             m.d.sync += [skew_index.eq(skew_index + 1), deskew_index.eq(deskew_index + 1)]
@@ -271,7 +278,7 @@ class TensorEngine(wiring.Component):
         m.d.comb += [array.enable.eq(advance), array.psum_in.eq(0)]
         # Which rows' skewed beats are writes: a register chain with a reset, so that words
         # left in the lines from before a reset never write a bank.
-        load_in_flight = Signal(max(rows - 1, 1))
+        load_in_flight = Signal(max((rows - 1) * skew_step, 1))
         if fast:
             with m.If(advance):
                 m.d.sync += load_in_flight.eq(Cat(load, load_in_flight))
@@ -293,7 +300,8 @@ class TensorEngine(wiring.Component):
                 writing.append(Cat(self.stationary.payload.scale[j * blocks + row // block_rows]
                                    for j in range(per_beat)))
             lined = entering + writing if fast else entering
-            skewed = delay_line(f"skew_{row}", Cat(*lined), row, skew_index, rows)
+            skewed = delay_line(f"skew_{row}", Cat(*lined), row * skew_step, skew_index,
+                                skew_depth)
             fields = [len(Value.cast(value)) for value in lined]
             starts = [sum(fields[:i]) for i in range(len(fields))]
             fields_out = [skewed[start:start + width]
@@ -309,7 +317,8 @@ class TensorEngine(wiring.Component):
                 # cycle the retired tile's last vector uses it (two columns a beat), which
                 # is right only if both happen in the same advance.
                 row_field(array.weight_we, row).eq(
-                    (load_in_flight[row - 1] & advance if row else load) if fast else load),
+                    (load_in_flight[row * skew_step - 1] & advance if row else load)
+                    if fast else load),
                 row_field(array.weight_bank, row).eq(weight_bank),
                 row_field(array.weight_data, row).eq(weight_data),
             ]
@@ -327,9 +336,9 @@ class TensorEngine(wiring.Component):
             m.d.comb += self.result.payload.data[col].eq(delay_line(
                 f"deskew_{col}", column, cols - 1 - col, deskew_index, cols))
 
-        # valid and last travel with the vector: K + M - 1 stages to the result, and the
-        # PEs' multiply stages.
-        depth = rows + cols - 1 + cfg.pe_multiply_stages
+        # valid and last travel with the vector: K * skew_step + M - 1 stages to the result,
+        # and the PEs' multiply stages.
+        depth = rows * skew_step + cols - 1 + cfg.pe_multiply_stages
         in_flight = Signal(depth)
         last = Signal(depth)
         with m.If(advance):

@@ -311,8 +311,9 @@ class TensorUnit(wiring.Component):
       partitions ``>=`` the tile's ``cols``, with ``float`` set for a float format (the PSUM
       accumulates FP32 codes). Zeroing both keeps whatever lies outside the tile out of the
       results, as the ISA says: for int8 the zero weights already do it, but a float
-      ``0 * inf`` is NaN. A FIFO of ``pe_rows + pe_cols + pe_multiply_stages`` entries holds
-      the destination of the matmuls whose results are in flight.
+      ``0 * inf`` is NaN. A FIFO of ``pe_rows (1 + pe_add_stages) + pe_cols +
+      pe_multiply_stages`` entries (the array's latency, and one) holds the destination of
+      the matmuls whose results are in flight.
     * An MX format (with ``mx_blocks`` blocks of 32 elements of K, ``mx_block_rows``
       partitions each): each path has a second column reader for the scales, byte
       ``scale_offset + j`` of partitions ``scale_partition + b``, ``b < mx_blocks`` (block
@@ -498,8 +499,9 @@ class TensorUnit(wiring.Component):
                                                element_bits=8, columns=path.columns)
 
         # Program order of retirement: one bit per accepted instruction (1: a load). Deep
-        # enough for every instruction in the queues and the array with one-vector matmuls.
-        order_depth = 2 * (k_rows + m_cols) + LOAD_JOBS + MATMUL_JOBS
+        # enough for every instruction in the queues and the array with one-vector matmuls
+        # (rows 1 + pe_add_stages cycles apart).
+        order_depth = 2 * (k_rows * (1 + cfg.pe_add_stages) + m_cols) + LOAD_JOBS + MATMUL_JOBS
         m.submodules.order = order = SyncFIFO(width=1, depth=order_depth)
 
         # -- accept --------------------------------------------------------------------------
@@ -673,10 +675,11 @@ class TensorUnit(wiring.Component):
                                            "entry": range(cfg.psum_bank_entries),
                                            "accumulate": 1, "float": 1,
                                            "cols": range(m_cols + 1)})
-        # Results leave K + M - 1 + S cycles after their vector entered (golden
+        # Results leave K (1 + A) + M - 1 + S cycles after their vector entered (golden
         # tensor_engine.latency): this many one-vector matmuls can be in flight.
         m.submodules.results = results = SyncFIFO(
-            width=result_layout.size, depth=k_rows + m_cols + cfg.pe_multiply_stages)
+            width=result_layout.size,
+            depth=k_rows * (1 + cfg.pe_add_stages) + m_cols + cfg.pe_multiply_stages)
         moving = engine.moving
         first = matmuls.col == 0
         last = matmuls.col == matmuls.job.count - 1

@@ -21,7 +21,8 @@ Run it through :mod:`opentrn.sim.runner`, which passes (as environment variables
 ``OPENTRN_SEED``    seed of the workload generator;
 ``OPENTRN_REPORT``  a JSON file the tests append their statistics to;
 ``OPENTRN_N``, ``OPENTRN_FRESH``, ``OPENTRN_MATMULS``  the stream of ``test_back_to_back``
-(default: 24 matmuls of N = K + M, each with a fresh tile).
+(default: 24 matmuls of N = ``golden.issue_interval``, K + M without add stages, each with
+a fresh tile).
 
 A format with ``r`` multiply-accumulates per PE per cycle (``Config.pe_macs_per_cycle``)
 contracts ``r x pe_rows`` elements per matmul: the programs give every matmul ``K``
@@ -580,9 +581,9 @@ async def test_random_backpressure(dut):
 @cocotb.test()
 async def test_back_to_back(dut):
     """Back-to-back matmuls of one N, cycle-exact. With a fresh tile every matmul and
-    N >= ``golden.issue_interval`` (K + M; M + 1 with ``fast_weight_load = 1``; M / 2 with
-    2; the default N), or with a reused tile, the background weight load keeps the moving
-    stream busy: not one idle cycle between matmuls."""
+    N >= ``golden.issue_interval`` (K + (K - 1) A + M; M + 1 with ``fast_weight_load = 1``;
+    M / 2 with 2; the default N), or with a reused tile, the background weight load keeps
+    the moving stream busy: not one idle cycle between matmuls."""
     config, _, _ = _settings()
     n = harness.setting("n", golden.issue_interval(config, 1, fresh=True))
     await _back_to_back(dut, "back_to_back", config, min(n, config.moving_max),

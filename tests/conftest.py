@@ -14,10 +14,12 @@ SIM_BUILDS = {
     "small": config.preset("small"),
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
     # Every format with two registers between the PEs' multipliers and adders (the fpga
-    # preset has one): the latency formula K + M - 1 + S, cycle-exact; and the activation
-    # lanes' input registered, as on the fpga preset.
-    "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2,
-                                                  activation_input_stages=1),
+    # preset has one) and two in their adders: the latency formula K (1 + A) + M - 1 + S,
+    # cycle-exact; and the activation lanes' input stage, as on the fpga preset, and two in
+    # their adders.
+    "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2, pe_add_stages=2,
+                                                  activation_input_stages=1,
+                                                  activation_add_stages=2),
 }
 
 #: Builds of the tensor engine with more than one MX block (row ``k`` of the array takes the
@@ -26,12 +28,13 @@ SIM_BUILDS = {
 #: 25 s to generate. Its testbench runs a short program (``test_mx_blocks``) on Icarus only
 #: (:func:`simulators_for`), about 35 s in all from a cold build cache. ``mx64-fast``: the
 #: same with the two-column fast weight load (each block's stationary scales skewed down its
-#: rows, both columns' scales in one beat).
+#: rows, both columns' scales in one beat) and an add stage in each PE (rows two cycles
+#: apart: 127 cycles of skew, the loads' rows skewed with the vectors).
 MX_BUILDS = {
     "mx64": config.preset("tiny").replace(pe_rows=64, pe_cols=2, sbuf_partitions=64,
                                           dtypes=("int8", "mxfp8e4m3")),
 }
-MX_BUILDS["mx64-fast"] = MX_BUILDS["mx64"].replace(fast_weight_load=2)
+MX_BUILDS["mx64-fast"] = MX_BUILDS["mx64"].replace(fast_weight_load=2, pe_add_stages=1)
 
 
 def simulators_for(build):

@@ -83,6 +83,8 @@ def test_override_parsing():
     ("dtypes=bf16,bf16", "dtypes=('bf16', 'bf16'): must not repeat a format"),
     ("dtype=int8", "dtype: unknown configuration key; it is now dtypes"),
     ("pe_multiply_stages=5", "pe_multiply_stages=5: must be between 0 and 4"),
+    ("pe_add_stages=3", "pe_add_stages=3: must be between 0 and 2"),
+    ("activation_add_stages=-1", "activation_add_stages=-1: must be between 0 and 2"),
     ("activation_input_stages=2", "activation_input_stages=2: must be 0 or 1"),
     ("activation_input_stages=-1", "activation_input_stages=-1: must be 0 or 1"),
     ("fast_weight_load=3", "fast_weight_load=3: must be 0, 1 or 2"),
@@ -111,6 +113,17 @@ def test_errors_name_the_field_value_and_rule(override, message):
     with pytest.raises(ConfigError) as info:
         config.resolve("tiny", overrides=[override])
     assert message in str(info.value)
+
+
+def test_pe_add_stages_need_one_mac_a_cycle():
+    """The adder's cuts pipeline one product's add; a PE of several products a cycle adds
+    them in a chain, which is not cut: refused, naming the formats."""
+    with pytest.raises(ConfigError, match=r"pe_add_stages=1: needs one MAC per PE per cycle "
+                       r"in every format, and mxfp8e4m3, mxfp8e5m2 have more"):
+        config.resolve("trn3", overrides=["pe_add_stages=1"])
+    with pytest.raises(ConfigError, match=r"and fp8e4m3 has more"):
+        config.resolve("tiny", overrides=["pe_add_stages=2", "pe_macs_per_cycle=fp8e4m3:2"])
+    assert config.resolve("tiny", overrides=["pe_add_stages=2"]).pe_add_stages == 2
 
 
 @pytest.mark.parametrize("acc_bits", [12, 33])

@@ -18,16 +18,20 @@ from .conftest import require_simulator
 #: the configuration, not only the presets'.
 BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
           "tiny-bus16": config.preset("tiny").replace(dma_bus_bytes=16),
-          # Every format with two registers between the PEs' multipliers and adders and the
-          # activation lanes' input registered: the latencies follow pe_multiply_stages and
-          # activation_input_stages (the fpga preset, with one of each, is predicted
-          # exactly on the simulated board: tests/test_board.py).
-          "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2,
-                                                        activation_input_stages=1),
+          # Every format with two registers between the PEs' multipliers and adders, two in
+          # their adders, the activation lanes' input stage and two in their adders: the
+          # latencies follow pe_multiply_stages, pe_add_stages (the rows' skew, the reload
+          # guard), activation_input_stages and activation_add_stages (the fpga preset, with
+          # one multiply and one input stage, is predicted exactly on the simulated board:
+          # tests/test_board.py).
+          "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2, pe_add_stages=2,
+                                                        activation_input_stages=1,
+                                                        activation_add_stages=2),
           # The fast weight loads: a fresh tile every max(N, M + 1); with two columns a beat
-          # into three banks (on in trn2/trn3), every max(N, M / 2).
+          # into three banks (on in trn2/trn3), every max(N, M / 2), here with the rows
+          # two cycles apart (an add stage: the loads' rows are skewed as the vectors').
           "tiny-fast": config.preset("tiny").replace(fast_weight_load=1),
-          "tiny-fast2": config.preset("tiny").replace(fast_weight_load=2)}
+          "tiny-fast2": config.preset("tiny").replace(fast_weight_load=2, pe_add_stages=1)}
 #: Random kernels per build: (build, simulator, count, largest dimension). The builds other
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.

@@ -74,6 +74,32 @@ class _Resettable(wiring.Component):
         return m
 
 
+class _RegisterInside(wiring.Component):
+    """A block whose register sits in a submodule: its reset port is connected to the
+    submodule's, which shows whether it uses it (``_Resettable`` does, a reset-less
+    register does not)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.shared_key = (type(inner).__name__,)
+        super().__init__({"i": In(4), "o": Out(4)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = self._inner
+        m.d.comb += [self._inner.i.eq(self.i), self.o.eq(self._inner.o)]
+        return m
+
+
+class _ResetLess(_Resettable):
+    def elaborate(self, platform):
+        m = Module()
+        register = Signal(4, reset_less=True)
+        m.d.sync += register.eq(self.i)
+        m.d.comb += self.o.eq(register)
+        return m
+
+
 class _Keyless(_Resettable):
     shared_key = None
 
@@ -95,6 +121,14 @@ def test_a_shared_block_with_a_reset_is_refused():
     with pytest.raises(hierarchy.SharedBlockError, match="_Resettable: a shared block must "
                                                          "hold no resettable state"):
         hierarchy.convert(_Top(_Resettable()), name="top")
+
+
+def test_a_submodule_with_a_reset_is_refused_one_without_is_shared():
+    with pytest.raises(hierarchy.SharedBlockError, match="_RegisterInside: a shared block "
+                                                         "must hold no resettable state"):
+        hierarchy.convert(_Top(_RegisterInside(_Resettable())), name="top")
+    text = hierarchy.convert(_Top(_RegisterInside(_ResetLess())), name="top")
+    assert "module top_" in text
 
 
 def test_a_shared_block_needs_a_key():

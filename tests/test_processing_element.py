@@ -430,6 +430,84 @@ def test_refuses_bad_parameters(kwargs, error, message):
         ProcessingElement(**args)
 
 
+def test_add_stages_refused_with_packed_macs():
+    with pytest.raises(ValueError, match=r"add_stages=3: must be an integer from 0 to 2"):
+        ProcessingElement(in_bits=16, acc_bits=32, formats=ALL, add_stages=3)
+    with pytest.raises(ValueError, match=r"add_stages=1: needs one MAC per cycle in every "
+                                         r"format, not 2 in fp8e4m3"):
+        ProcessingElement(in_bits=16, acc_bits=32, formats=("fp8e4m3",),
+                          macs={"fp8e4m3": 2}, add_stages=1)
+
+
+@pytest.mark.parametrize("multiply_stages, add_stages", [(0, 1), (1, 2), (2, 1)])
+def test_stages_delay_the_sum(multiply_stages, add_stages):
+    """With ``S`` multiply and ``A`` add stages, an element's product meets the partial sum
+    that arrives ``S`` advances after it and their sum leaves ``A + 1`` advances after that
+    (``x_out`` still one advance after ``x_in``), bit for bit, with every format and a
+    random enable (a stalled PE holds every stage)."""
+    stages = multiply_stages + add_stages
+    dut = ProcessingElement(in_bits=16, acc_bits=32, formats=ALL,
+                            multiply_stages=multiply_stages, add_stages=add_stages)
+    rng = random.Random(11)
+    nrng = np.random.default_rng(11)
+    steps = []                  # per advance: (x, weight, format, psum)
+    for fmt in ("int8", *FLOATS):
+        code = numerics.data_format(fmt).code
+        if fmt == "int8":
+            triples = [(rng.randrange(1 << 16), rng.randrange(1 << 16),
+                        rng.randint(-(1 << 31), (1 << 31) - 1)) for _ in range(80)]
+        else:
+            triples = [(w, x, _as_signed32(p)) for x, w, p in _float_operands(nrng, fmt, 150)]
+        steps += [(x, w, code, psum) for x, w, psum in triples]
+    rng.shuffle(steps)          # formats interleaved: each element's travels with it
+
+    def expected(x, w, code, psum):
+        if code == 0:
+            return int(mac(psum, _sext(x), _sext(w), 32))
+        fmt = next(name for name in FLOATS if numerics.data_format(name).code == code)
+        mask = (1 << numerics.data_format(fmt).element.bits) - 1
+        return _as_signed32(int(mac_float(psum & 0xFFFF_FFFF, x & mask, w & mask, fmt)))
+
+    results = {"checked": 0, "held": 0}
+
+    async def bench(ctx):
+        advanced = 0
+        last = None
+        while advanced < len(steps) + stages + 1:
+            enable = rng.random() < 0.75
+            x, w, code, _ = steps[min(advanced, len(steps) - 1)]
+            # The partial sum for the element S advances back.
+            psum = steps[advanced - multiply_stages][3] \
+                if 0 <= advanced - multiply_stages < len(steps) else 0
+            ctx.set(dut.enable, 0)                  # the element's weight, into bank 0
+            ctx.set(dut.weight_we, 1)
+            ctx.set(dut.weight_bank, 0)
+            ctx.set(dut.weight_data, w)
+            await ctx.tick()
+            ctx.set(dut.weight_we, 0)
+            for port, value in ((dut.x_in, x), (dut.bank_in, 0), (dut.format_in, code),
+                                (dut.psum_in, psum), (dut.enable, enable)):
+                ctx.set(port, value)
+            await ctx.tick()
+            got = ctx.get(dut.psum_out)
+            if not enable:
+                results["held"] += got == last
+                continue
+            advanced += 1
+            done = advanced - 1 - stages    # the element whose sum shows now
+            if 0 <= done < len(steps):
+                x, w, code, _ = steps[done]
+                assert got == expected(x, w, code, steps[done][3]), (done, got)
+                results["checked"] += 1
+            last = got
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert results["checked"] == len(steps) and results["held"] > 50, results
+
+
 # -- several MACs per cycle (Config.pe_macs_per_cycle) -------------------------------------------
 
 #: A Trainium3-like PE: no int8, FP8 "double row" (2 MACs per cycle), MXFP8 at 4.

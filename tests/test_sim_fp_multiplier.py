@@ -77,36 +77,63 @@ def test_fp_multiplier(sim):
 
 # -- build variants on Amaranth's simulator -----------------------------------------------
 
-def _simulate(formats, cases, lanes=8):
+def _simulate(formats, cases, lanes=8, stages=0):
     """Run ``cases`` (``(format, a, b, scale_a, scale_b)``, each a multiple of ``lanes``
     long) through a build for ``formats`` on Amaranth's simulator; return the mismatches
-    and the number of products checked."""
-    dut = FPMultiplier(formats=formats, lanes=lanes)
+    and the number of products checked. With ``stages = 1`` a step's operands are clocked
+    in (``enable`` high) and its products read after the next clock edge, while the next
+    step's operands are already driven: what is read must be the operands' of the edge;
+    then, with ``enable`` low, the next step's operands must not reach ``product``."""
+    dut = FPMultiplier(formats=formats, lanes=lanes, stages=stages)
     width = len(dut.a.as_value()) // lanes
-    counts = {"checked": 0, "mismatches": 0}
+    counts = {"checked": 0, "mismatches": 0, "held": 0}
 
     def packed(values, bits, step):
         return sum(int(v) << (bits * lane)
                    for lane, v in enumerate(values[step * lanes:(step + 1) * lanes]))
 
+    def drive(ctx, code, a, b, scale_a, scale_b, step):
+        ctx.set(dut.format, code)
+        ctx.set(dut.a.as_value(), packed(a, width, step))
+        ctx.set(dut.b.as_value(), packed(b, width, step))
+        if scale_a is not None:
+            ctx.set(dut.scale_a.as_value(), packed(scale_a, 8, step))
+            ctx.set(dut.scale_b.as_value(), packed(scale_b, 8, step))
+
+    def check(got, expected, step):
+        for lane in range(lanes):
+            counts["checked"] += 1
+            counts["mismatches"] += (got >> (32 * lane)) & 0xFFFFFFFF != \
+                expected[step * lanes + lane]
+
     async def bench(ctx):
         for name, a, b, scale_a, scale_b in cases:
-            ctx.set(dut.format, numerics.data_format(name).code)
+            code = numerics.data_format(name).code
             expected = golden.multiply(a, b, name, scale_a, scale_b)
-            for step in range(len(a) // lanes):
-                ctx.set(dut.a.as_value(), packed(a, width, step))
-                ctx.set(dut.b.as_value(), packed(b, width, step))
-                if scale_a is not None:
-                    ctx.set(dut.scale_a.as_value(), packed(scale_a, 8, step))
-                    ctx.set(dut.scale_b.as_value(), packed(scale_b, 8, step))
-                await ctx.delay(1e-9)
+            steps = len(a) // lanes
+            if not stages:
+                for step in range(steps):
+                    drive(ctx, code, a, b, scale_a, scale_b, step)
+                    await ctx.delay(1e-9)
+                    check(ctx.get(dut.product.as_value()), expected, step)
+                continue
+            ctx.set(dut.enable, 1)
+            for step in range(steps):
+                drive(ctx, code, a, b, scale_a, scale_b, step)
+                await ctx.tick()
+                # The next operands already on the inputs: the register holds these.
+                drive(ctx, code, a, b, scale_a, scale_b, (step + 1) % steps)
                 got = ctx.get(dut.product.as_value())
-                for lane in range(lanes):
-                    counts["checked"] += 1
-                    counts["mismatches"] += (got >> (32 * lane)) & 0xFFFFFFFF != \
-                        expected[step * lanes + lane]
+                check(got, expected, step)
+                if step % 4 == 3:   # a stall: the product holds
+                    ctx.set(dut.enable, 0)
+                    await ctx.tick()
+                    counts["held"] += ctx.get(dut.product.as_value()) == got
+                    ctx.set(dut.enable, 1)
 
     sim = Simulator(dut)
+    if stages:
+        sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
     return counts
@@ -145,6 +172,29 @@ def test_build_variants(formats):
     assert counts["mismatches"] == 0, counts
 
 
+@pytest.mark.parametrize("formats", [
+    ("fp8e4m3", "fp8e5m2"),             # the fpga preset's float formats
+    ("fp32",),                          # the activation lanes' (subnormals, overflow)
+    ("bf16", "mxfp8e4m3"),              # scales through the register
+])
+def test_one_stage(formats):
+    """``stages = 1``: each product one clock after its operands, equal to the golden
+    model's on the edge values and random pairs, held while ``enable`` is low."""
+    rng = np.random.default_rng(11)
+    lanes, cases = 4, []
+    for name in formats:
+        a, b = _edges_and_random(name, rng, 128)
+        a, b = a[:a.size - a.size % lanes], b[:b.size - b.size % lanes]
+        scales = random_scales(name, rng, a, b) if numerics.data_format(name).mx \
+            else (None, None)
+        cases.append((name, a, b, *scales))
+    counts = _simulate(formats, cases, lanes, stages=1)
+    assert counts["checked"] == sum(case[1].size for case in cases)
+    assert counts["mismatches"] == 0, counts
+    stalls = sum(case[1].size // lanes // 4 for case in cases)
+    assert counts["held"] == stalls > 0, counts
+
+
 def _port_declarations(component):
     text = verilog.convert(component, name="top")
     return {line.strip() for line in text.splitlines()
@@ -180,3 +230,5 @@ def test_bad_arguments_are_refused():
         FPMultiplier(formats="bf16")
     with pytest.raises(TypeError, match="lanes=2.0: must be an integer"):
         FPMultiplier(formats=("bf16",), lanes=2.0)
+    with pytest.raises(ValueError, match="stages must be 0 or 1, not 2"):
+        FPMultiplier(formats=("bf16",), stages=2)

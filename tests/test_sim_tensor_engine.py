@@ -58,10 +58,11 @@ def test_tensor_engine(sim, build, tmp_path):
     full = records["full_matmuls"]
     assert full["formats"] == sorted(cfg.dtypes) and full["cycles_checked"]
     assert full["cases"] == 2 * len(cfg.dtypes)
-    # Background weight loads: N = K + M with a fresh tile each (M + 1 with the fast weight
-    # load, M / 2 with two columns a beat), and N = 1 against one tile, both keep the array
-    # fed every cycle.
-    assert records["back_to_back"]["n"] == {0: cfg.pe_rows + cfg.pe_cols, 1: cfg.pe_cols + 1,
+    # Background weight loads: N = K + (K - 1) A + M with a fresh tile each (A add stages;
+    # M + 1 with the fast weight load, M / 2 with two columns a beat), and N = 1 against one
+    # tile, both keep the array fed every cycle.
+    guard = cfg.pe_rows + (cfg.pe_rows - 1) * cfg.pe_add_stages
+    assert records["back_to_back"]["n"] == {0: guard + cfg.pe_cols, 1: cfg.pe_cols + 1,
                                             2: cfg.pe_cols // 2}[cfg.fast_weight_load]
     assert records["back_to_back"]["moving_idle_cycles"] == 0
     assert records["back_to_back_reused"]["moving_idle_cycles"] == 0

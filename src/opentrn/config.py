@@ -69,18 +69,35 @@ class Config:
         of ``r`` consecutive elements of K per cycle (docs/isa.md, "Packed columns"), so a
         matmul contracts ``r x pe_rows`` elements; the projection uses the same rates.
     pe_multiply_stages : int
-        Registers between a PE's multipliers and its accumulating adders, 0 to 4: 0 multiplies
-        and accumulates in one cycle; each stage adds a cycle to the array's latency (a
-        moving vector's result leaves ``K + M - 1 + pe_multiply_stages`` cycles after it)
-        and nothing to its throughput, so an FPGA build reaches its clock (the ``fpga``
-        preset has 1; docs/fpga.md, "Timing").
+        Registers between a PE's multipliers and its accumulating adders, 0 to 4 (with two
+        or more, a float lane's first inside its multiplier, after the significand
+        product): 0 multiplies and accumulates in one cycle; each stage adds a cycle to the
+        array's latency (a moving vector's result leaves ``K (1 + pe_add_stages) + M - 1 +
+        pe_multiply_stages`` cycles after it) and nothing to its throughput, so an FPGA
+        build reaches its clock (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+    pe_add_stages : int
+        Registers inside each PE's accumulating FP32 adder, 0 to 2 (after the alignment,
+        after the add; the integer sum is delayed to match): each delays a partial sum a
+        cycle more per row, so the moving vectors' skew is ``1 + pe_add_stages`` cycles a
+        row, the array's latency ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages``
+        and, without ``fast_weight_load``, a reload of a retired bank waits ``K + (K - 1)
+        pe_add_stages`` cycles; the throughput does not change. Needs one MAC per PE per
+        cycle in every format (``pe_macs_per_cycle`` empty). For an FPGA build with float
+        formats (docs/fpga.md, "Float formats").
     activation_input_stages : int
-        Registers between the activation unit's input buffer and the activation lanes'
-        multipliers, 0 or 1: 1 takes the choice of a lane's input (a PSUM entry, or a byte
-        of an SBUF word) off the path into its 32 x 32 bit multiply, for a cycle more of
-        the engine's latency (an ACTIVATE retires ``n + 7 + activation_input_stages``
-        cycles after it is handed over) and nothing of its throughput (the ``fpga`` preset
-        has 1; docs/fpga.md, "Timing").
+        A stage in front of the activation lanes' multipliers, 0 or 1: 1 takes the choice
+        of a lane's input (a PSUM entry, or a byte of an SBUF word) off the path into its
+        32 x 32 bit multiply (a register of the input), and cuts its FP32 multiplier after
+        the significand product, for a cycle more of the engine's latency (an ACTIVATE
+        retires ``n + 7 + activation_input_stages`` cycles after it is handed over) and
+        nothing of its throughput (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+    activation_add_stages : int
+        Registers inside each activation lane's FP32 adder (the float path's bias add), 0
+        to 2 (after the alignment, after the add; the integer path's bias add delayed to
+        match): each adds a cycle to the engine's latency (an ACTIVATE retires ``n + 7 +
+        activation_input_stages + activation_add_stages`` cycles after it is handed over)
+        and nothing to its throughput. For an FPGA build with float formats (docs/fpga.md,
+        "Float formats").
     fast_weight_load : int
         0, 1 or 2. 1 writes each stationary column into the array's idle weight bank row by
         row, skewed like the moving vectors (row ``k`` ``k`` cycles after row 0), so a load
@@ -123,7 +140,9 @@ class Config:
     dtypes: tuple
     pe_macs_per_cycle: tuple = ()
     pe_multiply_stages: int = 0
+    pe_add_stages: int = 0
     activation_input_stages: int = 0
+    activation_add_stages: int = 0
     fast_weight_load: int = 0
     acc_bits: int
     moving_max: int
@@ -195,8 +214,17 @@ class Config:
              "must be a power of two between 1 and 65536")
         rule("pe_multiply_stages", 0 <= self.pe_multiply_stages <= 4,
              "must be between 0 and 4")
+        rule("pe_add_stages", 0 <= self.pe_add_stages <= 2, "must be between 0 and 2")
+        if self.pe_add_stages:
+            packed = [name for name in self.dtypes if self.macs_per_pe_cycle(name) > 1]
+            rule("pe_add_stages", not packed,
+                 f"needs one MAC per PE per cycle in every format, and {', '.join(packed)} "
+                 f"{'has' if len(packed) == 1 else 'have'} more (pe_macs_per_cycle): the "
+                 "adds of several products a cycle are not pipelined")
         rule("activation_input_stages", 0 <= self.activation_input_stages <= 1,
              "must be 0 or 1")
+        rule("activation_add_stages", 0 <= self.activation_add_stages <= 2,
+             "must be between 0 and 2")
         rule("fast_weight_load", 0 <= self.fast_weight_load <= 2, "must be 0, 1 or 2")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
@@ -341,7 +369,8 @@ class Config:
 
 _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
-    "pe_multiply_stages": int, "activation_input_stages": int, "fast_weight_load": int,
+    "pe_multiply_stages": int, "pe_add_stages": int, "activation_input_stages": int,
+    "activation_add_stages": int, "fast_weight_load": int,
     "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,

@@ -5,15 +5,15 @@ program, without the RTL.
 control: the sequencers (instruction fetch over the shared AXI4 read channel, assembly,
 checks, semaphore waits, retire queues), the DMA engine (descriptor queue, access-pattern
 walks, bursts, the realignment buffer), the tensor unit (the load and matmul paths with their
-SBUF column readers, the array's weight banks and its ``K + M - 1`` fill), the activation
-unit (PSUM reads, the engine's pipeline, SBUF writes), the arbitration of the SBUF and PSUM
-ports, and the HBM of the testbench (``sim/hbm.py``: a read burst's first beat two cycles
-after its address, a write response two cycles after the burst's last beat, one beat per
-cycle). It moves no data: each block is the RTL's handshakes and counters, cycle by cycle,
-so its performance counters equal the RTL's (the tests compare them on every kernel the
-suite runs on the RTL and on random GEMM and MLP shapes). Every rule is the documented
-behaviour of a block (docs/architecture.md, docs/performance.md "The cycle model"), sized by
-``Config``; nothing is fitted.
+SBUF column readers, the array's weight banks and its ``K (1 + A) + M - 1`` fill), the
+activation unit (PSUM reads, the engine's pipeline, SBUF writes), the arbitration of the
+SBUF and PSUM ports, and the HBM of the testbench (``sim/hbm.py``: a read burst's first
+beat two cycles after its address, a write response two cycles after the burst's last
+beat, one beat per cycle). It moves no data: each block is the RTL's handshakes and
+counters, cycle by cycle, so its performance counters equal the RTL's (the tests compare
+them on every kernel the suite runs on the RTL and on random GEMM and MLP shapes). Every
+rule is the documented behaviour of a block (docs/architecture.md, docs/performance.md "The
+cycle model"), sized by ``Config``; nothing is fitted.
 
 The HBM may have a fixed latency (``latency=``): random latencies and back-pressure are not
 modelled (the zero-latency prediction is then a lower bound).

@@ -4,6 +4,7 @@ programs on it."""
 
 
 from opentrn import isa, timeline
+from opentrn.golden import tensor_engine
 from opentrn.hdl.activation_engine import stages as activation_stages
 from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
 from opentrn.hdl.axi4 import BOUNDARY_BYTES
@@ -166,7 +167,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
 
         # ---- tensor unit datapath ----------------------------------------------------------
         loads, matmuls = self.loads, self.matmuls
-        K, M = self.K, self.M
+        M = self.M
         # stationary
         load_take = False
         if loads.queue:
@@ -183,7 +184,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             first = matmuls.col == 0
             scale_ready = (not job["mx"]) or self.scales["matmul"].stored != 0
             valid = (matmuls.stored != 0 and scale_ready
-                     and (not first or self.results_fifo < K + M + self.stages))
+                     and (not first or self.results_fifo < self.K_skewed + M + self.stages))
             swap = first and job["swap"]
             ready = (swap and self.pending != 0) or (not swap and self.active_valid)
             if valid and ready:
@@ -434,7 +435,7 @@ def upper_bound(config, hbm, programs, *, latency=0):
     if not isinstance(latency, int) or latency < 0:
         raise ValueError(f"latency={latency!r}: must be a non-negative integer (cycles)")
     bus = config.dma_bus_bytes
-    array = config.pe_rows + config.pe_cols + config.pe_multiply_stages
+    array = tensor_engine.latency(config) + 1
     # Fetch (a word in beats, the HBM's answer) and issue (assemble, check, hand over).
     issue = 2 * (isa.WORD_BYTES // min(bus, isa.WORD_BYTES)) + HBM_READ_CYCLES + latency + 8
     hbm = bytes(hbm)
