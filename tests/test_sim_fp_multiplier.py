@@ -151,6 +151,19 @@ def _edges_and_random(format_name, rng, n):
     return np.concatenate([a, ra]), np.concatenate([b, rb])
 
 
+def _cases(formats, rng, n, lanes):
+    """:func:`_simulate`'s cases: each format's edge pairs and ``n`` random ones (with
+    random scales for an MX format), cut to a multiple of ``lanes``."""
+    cases = []
+    for name in formats:
+        a, b = _edges_and_random(name, rng, n)
+        a, b = a[:a.size - a.size % lanes], b[:b.size - b.size % lanes]
+        scales = random_scales(name, rng, a, b) if numerics.data_format(name).mx \
+            else (None, None)
+        cases.append((name, a, b, *scales))
+    return cases
+
+
 @pytest.mark.parametrize("formats", [
     ("fp8e4m3", "fp8e5m2"),            # no rounding, overflow or subnormal logic at all
     ("fp32",),                         # the activation engine's build
@@ -159,35 +172,23 @@ def _edges_and_random(format_name, rng, n):
 def test_build_variants(formats):
     """Builds for subsets of the formats generate only the logic they need; each still
     equals the golden model on the edge values and random pairs of every format it has."""
-    rng = np.random.default_rng(7)
-    lanes, cases = 8, []
-    for name in formats:
-        a, b = _edges_and_random(name, rng, 256)
-        a, b = a[:a.size - a.size % lanes], b[:b.size - b.size % lanes]
-        scales = random_scales(name, rng, a, b) if numerics.data_format(name).mx \
-            else (None, None)
-        cases.append((name, a, b, *scales))
+    lanes = 8
+    cases = _cases(formats, np.random.default_rng(7), 256, lanes)
     counts = _simulate(formats, cases, lanes)
     assert counts["checked"] == sum(case[1].size for case in cases)
     assert counts["mismatches"] == 0, counts
 
 
 @pytest.mark.parametrize("formats", [
-    ("fp8e4m3", "fp8e5m2"),             # the fpga preset's float formats
+    ("fp8e4m3", "fp8e5m2"),             # exact products: no rounding logic after the cut
     ("fp32",),                          # the activation lanes' (subnormals, overflow)
     ("bf16", "mxfp8e4m3"),              # scales through the register
 ])
 def test_one_stage(formats):
     """``stages = 1``: each product one clock after its operands, equal to the golden
     model's on the edge values and random pairs, held while ``enable`` is low."""
-    rng = np.random.default_rng(11)
-    lanes, cases = 4, []
-    for name in formats:
-        a, b = _edges_and_random(name, rng, 128)
-        a, b = a[:a.size - a.size % lanes], b[:b.size - b.size % lanes]
-        scales = random_scales(name, rng, a, b) if numerics.data_format(name).mx \
-            else (None, None)
-        cases.append((name, a, b, *scales))
+    lanes = 4
+    cases = _cases(formats, np.random.default_rng(11), 128, lanes)
     counts = _simulate(formats, cases, lanes, stages=1)
     assert counts["checked"] == sum(case[1].size for case in cases)
     assert counts["mismatches"] == 0, counts
