@@ -14,9 +14,16 @@ from .hierarchy import shared
 from .params import refusing
 from .processing_element_array import ProcessingElementArray
 
-__all__ = ["TensorEngine", "formats", "mx_blocks", "mx_block_rows", "stationary_layout",
-           "moving_layout", "result_layout"]
+__all__ = ["TensorEngine", "formats", "latency", "mx_blocks", "mx_block_rows",
+           "stationary_layout", "moving_layout", "result_layout"]
 
+
+
+def latency(config):
+    """Cycles from a moving vector's acceptance to its result beat: ``K (1 + A) + M - 1 +
+    S`` (``A = pe_add_stages``, the rows' skew less one; ``S = pe_multiply_stages``)."""
+    return (config.pe_rows * (1 + config.pe_add_stages) + config.pe_cols - 1
+            + config.pe_multiply_stages)
 
 
 def formats(config):
@@ -336,9 +343,8 @@ class TensorEngine(wiring.Component):
             m.d.comb += self.result.payload.data[col].eq(delay_line(
                 f"deskew_{col}", column, cols - 1 - col, deskew_index, cols))
 
-        # valid and last travel with the vector: K * skew_step + M - 1 stages to the result,
-        # and the PEs' multiply stages.
-        depth = rows * skew_step + cols - 1 + cfg.pe_multiply_stages
+        # valid and last travel with the vector to its result.
+        depth = latency(cfg)
         in_flight = Signal(depth)
         last = Signal(depth)
         with m.If(advance):

@@ -20,7 +20,7 @@ from .partitioned_memory import (
     vector_shape,
 )
 from .processing_element import MAX_MACS
-from .tensor_engine import TensorEngine, formats, mx_block_rows, mx_blocks
+from .tensor_engine import TensorEngine, formats, latency, mx_block_rows, mx_blocks
 
 __all__ = ["TensorUnit", "LOAD_JOBS", "MATMUL_JOBS", "LOAD_WORDS", "MATMUL_WORDS"]
 
@@ -675,11 +675,10 @@ class TensorUnit(wiring.Component):
                                            "entry": range(cfg.psum_bank_entries),
                                            "accumulate": 1, "float": 1,
                                            "cols": range(m_cols + 1)})
-        # Results leave K (1 + A) + M - 1 + S cycles after their vector entered (golden
-        # tensor_engine.latency): this many one-vector matmuls can be in flight.
-        m.submodules.results = results = SyncFIFO(
-            width=result_layout.size,
-            depth=k_rows * (1 + cfg.pe_add_stages) + m_cols + cfg.pe_multiply_stages)
+        # Results leave the array's latency after their vector entered: one more one-vector
+        # matmul than that can be in flight.
+        m.submodules.results = results = SyncFIFO(width=result_layout.size,
+                                                  depth=latency(cfg) + 1)
         moving = engine.moving
         first = matmuls.col == 0
         last = matmuls.col == matmuls.job.count - 1

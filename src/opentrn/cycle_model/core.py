@@ -167,7 +167,6 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
 
         # ---- tensor unit datapath ----------------------------------------------------------
         loads, matmuls = self.loads, self.matmuls
-        M = self.M
         # stationary
         load_take = False
         if loads.queue:
@@ -184,7 +183,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             first = matmuls.col == 0
             scale_ready = (not job["mx"]) or self.scales["matmul"].stored != 0
             valid = (matmuls.stored != 0 and scale_ready
-                     and (not first or self.results_fifo < self.K_skewed + M + self.stages))
+                     and (not first or self.results_fifo < self.latency + 1))
             swap = first and job["swap"]
             ready = (swap and self.pending != 0) or (not swap and self.active_valid)
             if valid and ready:

@@ -81,9 +81,7 @@ class _TensorUnitModel:
     def _init_tensor(self, config):
         width = config.vector_word_bytes          # the SBUF's vector word
         self.K, self.M = config.pe_rows, config.pe_cols
-        self.stages = config.pe_multiply_stages
-        # The array's rows are 1 + pe_add_stages cycles apart: K of them take this long.
-        self.K_skewed = config.pe_rows * (1 + config.pe_add_stages)
+        self.latency = tensor_engine.latency(config)    # a vector to its result
         self.per_beat = config.load_columns
         self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width, self.per_beat)
         self.matmuls = _Reader(MATMUL_JOBS, MATMUL_WORDS, width)
@@ -111,9 +109,11 @@ class _TensorUnitModel:
         self.reload_guard = tensor_engine.reload_guard(config)
         self.load_beat = 0
         self.results = deque()          # (cycle the result is written, last)
-        self.results_fifo = 0           # matmuls with results in flight (FIFO K' + M + S)
+        self.results_fifo = 0           # matmuls with results in flight (FIFO latency + 1)
         self.order = deque()            # True: a load
-        self.order_depth = 2 * (self.K_skewed + self.M) + LOAD_JOBS + MATMUL_JOBS
+        # As hdl/tensor_unit.py's: the array's rows are 1 + pe_add_stages cycles apart.
+        self.order_depth = (2 * (self.K * (1 + config.pe_add_stages) + self.M)
+                            + LOAD_JOBS + MATMUL_JOBS)
         self.loads_done = 0
         self.matmuls_done = 0
         self.matmul_done = False
@@ -229,7 +229,7 @@ class _TensorUnitModel:
             self.active_valid = True
         self.pending += complete - (mm_take and swap)
         if mm_take:
-            self.results.append((cycle + self.K_skewed + M - 1 + self.stages, mm_last))
+            self.results.append((cycle + self.latency, mm_last))
             if mm_first:
                 self.results_fifo += 1
         if te_write:
