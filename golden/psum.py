@@ -17,7 +17,8 @@ from . import fp_adder
 from .partitioned_memory import PartitionedMemory, _check_index
 from .processing_element import wrap
 
-__all__ = ["PSUM", "ENTRY_BYTES", "geometry", "entry_offset", "entry_location"]
+__all__ = ["PSUM", "ENTRY_BYTES", "geometry", "write_cycles", "entry_offset",
+           "entry_location"]
 
 ENTRY_BYTES = 4
 
@@ -28,6 +29,13 @@ def geometry(config):
     word_bytes = config.dma_bus_bytes
     size = config.psum_banks * config.psum_bank_entries * ENTRY_BYTES
     return config.pe_cols, word_bytes, size // word_bytes
+
+
+def write_cycles(config):
+    """Cycles from the PSUM's acceptance of a tensor-engine result beat to the first cycle
+    a read returns it: ``2 + psum_add_stages`` (read, add in ``psum_add_stages + 1``
+    cycles, written back; hdl/psum.py). A matmul retires this long after its last beat."""
+    return 2 + config.psum_add_stages
 
 
 def entry_offset(config, bank, entry):

@@ -41,9 +41,11 @@ _INT32 = numerics.data_format("int32").code
 
 def stages(config):
     """The engine's pipeline registers in a build: the datapath's :data:`STAGES`, after
-    ``config.activation_input_stages`` registers of the lanes' input, and
+    ``config.activation_input_stages`` registers of the lanes' input, with
+    ``config.activation_multiply_stages`` more in the multiply and
     ``config.activation_add_stages`` in the bias add."""
-    return STAGES + config.activation_input_stages + config.activation_add_stages
+    return (STAGES + config.activation_input_stages + config.activation_multiply_stages
+            + config.activation_add_stages)
 
 
 def float_outputs(config):
@@ -117,8 +119,10 @@ class ActivationEngine(wiring.Component):
     Pipeline (``STAGES`` = 4 registers): multiply; add the bias; arithmetic shift with the
     guard and sticky bits (float: the function); round, function and saturate (float: the
     cast) into the output register; before them ``config.activation_input_stages`` (0 or
-    1) registers of the lanes' input, and in the bias add ``config.activation_add_stages``
-    more (inside the FP32 adder; the integer sum waits as long). A vector accepted in cycle
+    1) registers of the lanes' input, in the multiply ``config.activation_multiply_stages``
+    (0 or 1) more (inside the FP32 multiplier; the integer product waits as long), and in
+    the bias add ``config.activation_add_stages`` more (inside the FP32 adder; the integer
+    sum waits as long). A vector accepted in cycle
     ``c`` is on ``output`` in cycle ``c +`` :func:`stages` ``(config)``; one vector per
     cycle, on either path.
 
@@ -187,6 +191,7 @@ class ActivationEngine(wiring.Component):
                                   float_outputs=floats, shift_limit=SHIFT_LIMIT,
                                   out_bits=OUT_BITS, int8_range=INT8_RANGE,
                                   input_stages=cfg.activation_input_stages,
+                                  multiply_stages=cfg.activation_multiply_stages,
                                   add_stages=cfg.activation_add_stages)
             m.submodules[f"lane_{p}"] = shared(lane)
             m.d.comb += [

@@ -21,10 +21,10 @@ _RELU = 1
 class ActivationLane(wiring.Component):
     """The datapath of one lane of :class:`~opentrn.hdl.activation_engine.ActivationEngine`
     (whose docstring states the arithmetic): ``result`` is the lane's output register,
-    ``STAGES + input_stages + add_stages`` advances after ``x`` entered. The engine decodes the
-    operation once for all lanes (``is_float``, ``is_int32``) and tracks which results are
-    valid; the lane holds data only (no reset), so every lane of an engine is one shared block
-    (:mod:`opentrn.hdl.hierarchy`).
+    ``STAGES + input_stages + multiply_stages + add_stages`` advances after ``x`` entered.
+    The engine decodes the operation once for all lanes (``is_float``, ``is_int32``) and
+    tracks which results are valid; the lane holds data only (no reset), so every lane of an
+    engine is one shared block (:mod:`opentrn.hdl.hierarchy`).
 
     ``integer`` builds the integer path (a build with int8), ``float_outputs`` the float
     path's output formats (empty: no float path); ``input_stages`` (0 or 1) adds a stage in
@@ -33,6 +33,9 @@ class ActivationLane(wiring.Component):
     cut after its significand product instead
     (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
     operands' decode and multiply and the normalization and rounding take a cycle each.
+    ``multiply_stages`` (0 or 1, ``Config.activation_multiply_stages``) cuts the float
+    path's multiplier once more (after its normalization, or with no input stage after the
+    significand product) and delays the integer path's product as long.
     ``add_stages`` (0 to 2, ``Config.activation_add_stages``) cut the float path's FP32
     adder (:class:`~opentrn.hdl.fp_adder.FPAdder` ``stages``) and delay the integer path's
     sum with the bias as long.
@@ -53,19 +56,22 @@ class ActivationLane(wiring.Component):
     """
 
     def __init__(self, *, acc_bits, integer, float_outputs, shift_limit, out_bits,
-                 int8_range, input_stages=0, add_stages=0):
+                 int8_range, input_stages=0, multiply_stages=0, add_stages=0):
         if input_stages not in (0, 1):
             raise ValueError(f"input_stages must be 0 or 1, not {input_stages!r}")
+        if multiply_stages not in (0, 1):
+            raise ValueError(f"multiply_stages must be 0 or 1, not {multiply_stages!r}")
         if add_stages not in range(FP_ADDER_MAX_STAGES + 1):
             raise ValueError(f"add_stages must be from 0 to {FP_ADDER_MAX_STAGES}, "
                              f"not {add_stages!r}")
         self._input_stages, self._add_stages = input_stages, add_stages
+        self._multiply_stages = multiply_stages
         self._acc_bits, self._integer = acc_bits, bool(integer)
         self._floats = tuple(float_outputs)
         self._shift_limit, self._out_bits, self._int8_range = shift_limit, out_bits, int8_range
         #: Everything the logic depends on (:mod:`opentrn.hdl.hierarchy`).
         self.shared_key = (acc_bits, self._integer, self._floats, shift_limit, out_bits,
-                           int8_range, input_stages, add_stages)
+                           int8_range, input_stages, multiply_stages, add_stages)
         super().__init__({
             "advance": In(1), "x": In(signed(acc_bits)),
             "is_float": In(1), "is_int32": In(1),
@@ -96,6 +102,15 @@ class ActivationLane(wiring.Component):
     def _register(self, shape, name):
         return Signal(shape, name=name, reset_less=True)
 
+    def _delayed(self, m, value, name, stages):
+        """``value`` through ``stages`` registers that move with ``advance``."""
+        for stage in range(stages):
+            delayed = self._register(value.shape(), f"{name}_stage{stage}")
+            with m.If(self.advance):
+                m.d.sync += delayed.eq(value)
+            value = delayed
+        return value
+
     def _integer_path(self, m, x):
         """Stages 1 to 4 of the integer path from ``x``; returns the stage 4 value
         (saturated)."""
@@ -123,14 +138,13 @@ class ActivationLane(wiring.Component):
             # Stage 1: the exact product; a zero operand on the float path, so that the
             # multiplier does not toggle.
             m.d.sync += product.eq(Mux(self.is_float, 0, x) * self.multiplier)
+        # multiply_stages more registers (the float path's multiplier is cut as often).
+        product = self._delayed(m, product, "product", self._multiply_stages)
+        with m.If(self.advance):
             # Stage 2: plus the bias, exact (one bit wider); add_stages more registers
             # follow (the float path's adder is cut as many times).
             m.d.sync += pre.eq(product + Mux(self.is_float, 0, self.bias))
-        for stage in range(self._add_stages):
-            delayed = self._register(signed(pre_bits), f"pre_stage{stage}")
-            with m.If(self.advance):
-                m.d.sync += delayed.eq(pre)
-            pre = delayed
+        pre = self._delayed(m, pre, "pre", self._add_stages)
         with m.If(self.advance):
             # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to even
             # from the bits shifted out: the guard bit (weight 2**(shift-1), the "half"), and
@@ -163,9 +177,10 @@ class ActivationLane(wiring.Component):
         and its cast; returns the stage 4 value of the operation's path (the float code or
         ``int_result``)."""
         fp32 = numerics.data_format("fp32").code
+        multiply_stages = self._input_stages + self._multiply_stages
         m.submodules.fp_multiplier = multiplier = FPMultiplier(
-            formats=("fp32",), lanes=1, stages=self._input_stages)
-        if self._input_stages:
+            formats=("fp32",), lanes=1, stages=multiply_stages)
+        if multiply_stages:
             m.d.comb += multiplier.enable.eq(self.advance)
         m.submodules.fp_adder = adder = FPAdder(lanes=1, stages=self._add_stages)
         if self._add_stages:
@@ -175,14 +190,17 @@ class ActivationLane(wiring.Component):
         total = self._register(unsigned(32), "fp_sum")            # stage 2
         activated = self._register(unsigned(32), "fp_activated")  # stage 3
 
-        # The units see zeros on the integer path: their combinational logic then does not
-        # toggle (Icarus re-evaluates every change, bit by bit).
+        # The multiplier sees zeros on the integer path: its combinational logic then does
+        # not toggle (Icarus re-evaluates every change, bit by bit), nor does the adder's,
+        # whose other operand, the bias, is held for the whole operation (not gated: the
+        # decode of the operation's path in front of its alignment was an FPGA build's
+        # critical path).
         m.d.comb += [
             multiplier.format.eq(fp32),
             multiplier.a[0].eq(Mux(self.is_float, x[:32], 0)),
             multiplier.b[0].eq(Mux(self.is_float, self.multiplier.as_unsigned(), 0)),
             adder.a[0].eq(product),
-            adder.b[0].eq(Mux(self.is_float, self.bias.as_unsigned(), 0)),
+            adder.b[0].eq(self.bias.as_unsigned()),
             cast.format.eq(self.out_format),
             cast.a[0].eq(activated),
         ]

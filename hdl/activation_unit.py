@@ -142,7 +142,8 @@ class ActivationUnit(wiring.Component):
     previous one has retired, so the engine params never change under vectors in flight.
     Within an instruction one vector enters the engine per cycle when the memories grant
     every cycle; an instruction takes ``n + 8 + activation_input_stages +
-    activation_add_stages`` cycles from its transfer to the cycle after its retire (``+ 2``
+    activation_multiply_stages + activation_add_stages`` cycles from its transfer to the
+    cycle after its retire (``+ 2``
     with bias), when the next can transfer, on either path and for every output format.
     In-place operation (``src = 1``, ``src_offset == dst_offset``, int8 out) is correct
     because every source word is read once, before any result of its bytes exists.

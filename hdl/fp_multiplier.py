@@ -12,7 +12,8 @@ from opentrn import numerics
 
 from .params import refusing
 
-__all__ = ["FPMultiplier", "FORMATS", "TEST_FORMATS", "TEST_LANES", "unit_test_top"]
+__all__ = ["FPMultiplier", "FORMATS", "MAX_STAGES", "TEST_FORMATS", "TEST_LANES",
+           "unit_test_top"]
 
 #: The formats the multiplier can be built for (both operands are in one of them).
 FORMATS = ("fp32", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
@@ -21,6 +22,9 @@ _FP32 = numerics.FP32
 _E_BITS = 12            # signed exponent of the product: -553 .. 509 for every format here
 _WINDOW_MIN = 26        # 24 kept bits, the guard bit, one sticky bit
 _SHIFT_MAX = 25         # a right shift of 25 or more leaves nothing above the guard bit
+#: Registers the datapath can be cut by: after the significand product, after the
+#: normalization.
+MAX_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ def _product_exponent_range(fmt):
 class FPMultiplier(wiring.Component):
     """``lanes`` independent multipliers: ``product[i] = a[i] * b[i]`` (times
     ``2**(scale_a[i] + scale_b[i] - 254)`` for the MX formats), combinational (no clock)
-    unless ``stages`` is 1.
+    unless ``stages`` is 1 or 2.
 
     Numerics (both operands in the format ``format`` selects; the result IEEE-754 binary32):
 
@@ -82,7 +86,11 @@ class FPMultiplier(wiring.Component):
     the last cycle ``enable`` was high. The decode and the multiply take one cycle and the
     normalization and rounding the next, where one register after the whole product would
     leave them all in one (a processing element's ``multiply_stages``, the activation
-    lanes' input register: docs/fpga.md, "Timing").
+    lanes' input register: docs/fpga.md, "Timing"). ``stages = 2`` cuts it after the
+    normalization too (the normalized product, its exponent and the special cases): the
+    product is that of the operands of two advances ago, and the subnormal shift and the
+    rounding take the third cycle (the activation lanes' FP32 multiply with
+    ``Config.activation_multiply_stages``).
 
     Members
     -------
@@ -96,14 +104,14 @@ class FPMultiplier(wiring.Component):
     product : ``Out(data.ArrayLayout(unsigned(32), lanes))``
         FP32 codes of the products.
     enable : ``In(1)``
-        Advance the register (only with ``stages = 1``).
+        Advance the registers (only with ``stages`` 1 or 2).
     """
 
     def __init__(self, *, formats, lanes=1, stages=0):
         with refusing(self):
             self._formats = self._check(formats, lanes)
-            if stages not in (0, 1) or isinstance(stages, bool):
-                raise ValueError(f"stages must be 0 or 1, not {stages!r}")
+            if stages not in range(MAX_STAGES + 1) or isinstance(stages, bool):
+                raise ValueError(f"stages must be from 0 to {MAX_STAGES}, not {stages!r}")
         self._lanes, self._stages = lanes, stages
         fmts = [numerics.data_format(name) for name in self._formats]
         self._elements = list(dict.fromkeys(fmt.element for fmt in fmts))
@@ -186,17 +194,17 @@ class FPMultiplier(wiring.Component):
         if mx_codes:
             m.d.comb += shared.is_mx.eq(Cat(self.format == code for code in mx_codes).any())
 
-        # After the cut (stages = 1) only ``built`` is read, as of the operands' cycle.
-        late = shared
-        if self._stages:
-            late = replace(shared, built=self._registered(m, shared.built, "built"))
+        # After each cut only ``built`` is read, as of the operands' cycle.
+        late = [shared]
+        for stage in range(1, self._stages + 1):
+            late.append(replace(shared, built=self._registered(m, late[-1].built,
+                                                              f"built{stage}")))
         results = []
         for lane in range(self._lanes):
             scales = (self.scale_a[lane], self.scale_b[lane]) if self._mx else None
-            results.append(self._lane(m, shared, late, lane, self.a[lane], self.b[lane],
-                                      scales))
+            results.append(self._lane(m, late, lane, self.a[lane], self.b[lane], scales))
         # One process writes the whole port once the lanes have settled (see _wire).
-        with m.If(late.built):
+        with m.If(late[-1].built):
             m.d.comb += [self.product[lane].eq(result) for lane, result in enumerate(results)]
         return m
 
@@ -217,7 +225,7 @@ class FPMultiplier(wiring.Component):
         return signal
 
     def _registered(self, m, value, name):
-        """``value`` as of the last cycle ``enable`` was high (``stages = 1``)."""
+        """``value`` as of the last cycle ``enable`` was high (a cut)."""
         register = Signal(value.shape(), name=f"{name}_stage", reset_less=True)
         with m.If(self.enable):
             m.d.sync += register.eq(value)
@@ -279,10 +287,11 @@ class FPMultiplier(wiring.Component):
             step //= 2
         return x[width - len(p):], Cat(*reversed(lz))
 
-    def _lane(self, m, shared, late, lane, a, b, scales):
-        """The FP32 code of one lane's product; ``late`` is what the stages after the multiply
-        read of ``shared``."""
+    def _lane(self, m, late, lane, a, b, scales):
+        """The FP32 code of one lane's product; ``late[i]`` is what the part after cut ``i``
+        reads of the shared signals (``late[0]`` the shared signals themselves)."""
         man_bits = _FP32.man_bits
+        shared = late[0]
         sign_a, sig_a, exp_a, zero_a, nan_a, inf_a = self._decode(m, shared, a, f"a{lane}")
         sign_b, sig_b, exp_b, zero_b, nan_b, inf_b = self._decode(m, shared, b, f"b{lane}")
 
@@ -301,15 +310,20 @@ class FPMultiplier(wiring.Component):
         p = self._wire(m, shared, f"p{lane}", width, sig_a * sig_b)
         exponent_sum = self._wire(m, shared, f"exponent_sum{lane}", signed(_E_BITS),
                                   exp_a + exp_b + shared.offset + scale)
-        if self._stages:
+        if self._stages >= 1:
             special = self._registered(m, special, f"nan_inf_zero{lane}")
             p = self._registered(m, p, f"p{lane}")
             exponent_sum = self._registered(m, exponent_sum, f"exponent_sum{lane}")
-        shared = late
+            shared = late[1]
         # Normalized: 1.q * 2**e.
         normalized, lz = self._normalize(m, shared, p, f"p{lane}")
         q = normalized
         e = self._wire(m, shared, f"e{lane}", signed(_E_BITS), exponent_sum - lz)
+        if self._stages >= 2:
+            special = self._registered(m, special, f"nan_inf_zero{lane}_2")
+            q = self._registered(m, q, f"q{lane}")
+            e = self._registered(m, e, f"e{lane}")
+            shared = late[2]
 
         if not self._need_round:
             # Exact and normal: pack the fraction below the leading one and E.

@@ -8,6 +8,7 @@ from opentrn import numerics
 
 from .fp_adder import MAX_STAGES as FP_ADDER_MAX_STAGES
 from .fp_adder import FPAdder
+from .fp_multiplier import MAX_STAGES as FP_MULTIPLIER_MAX_STAGES
 from .fp_multiplier import FPMultiplier
 from .params import refusing
 
@@ -107,8 +108,9 @@ class ProcessingElement(wiring.Component):
     row and gains ``s`` cycles of latency (docs/architecture.md, "Timing"). With ``s >= 2``
     a float lane's first register is inside its multiplier, after the significand product
     (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
-    normalization and rounding have a cycle of their own; one register stays after the
-    whole product, which balances the multiply against the add.
+    normalization and rounding have a cycle of their own, and with ``s >= 3`` the second
+    too, after the normalization (the rounding then has its own cycle); one register stays
+    after the whole product, which balances the multiply against the add.
 
     With ``add_stages = a > 0`` (every format one MAC a cycle) the float adder is cut by
     ``a`` registers (:class:`~opentrn.hdl.fp_adder.FPAdder` ``stages``) and the integer sum
@@ -272,7 +274,7 @@ class ProcessingElement(wiring.Component):
             m.d.comb += wrapped.eq(int_result)
             int_result = self._delayed(m, wrapped, "int_sum", self._add_stages)
         if self._floats:
-            float_result = self._float_lanes(m, weight, weight_scale, format_at_add)
+            float_result = self._float_lanes(m, weight, weight_scale)
             format_at_sum = self._delayed(m, format_at_add, "format_at_sum", self._add_stages)
             is_float = format_at_sum != numerics.data_format("int8").code
             if "int8" in self._formats:
@@ -305,26 +307,36 @@ class ProcessingElement(wiring.Component):
             value = register
         return value
 
-    def _float_lanes(self, m, weight, weight_scale, format_at_add):
+    def _float_lanes(self, m, weight, weight_scale):
         """The float path: a multiplier and an adder per lane, the adders chained in lane
         order, ``multiply_stages`` registers between them, with two or more the first inside
         the multiplier (after its significand product, so that the normalization and
-        rounding are in the next cycle). Returns the FP32 code of the last active lane's
-        sum."""
+        rounding are in the next cycle), with three or more the second too (after the
+        normalization). Returns the FP32 code of the last active lane's sum."""
         codes = {name: numerics.data_format(name).code for name in self._floats}
         acc = self.psum_in
         for lane in range(max(self._rates[name] for name in self._floats)):
             lane_formats = self._lane_formats(lane)
             suffix = f"_{lane}" if lane else ""
+            # Up to two registers inside the multiplier, one always after it.
             multiplier = FPMultiplier(formats=lane_formats, lanes=1,
-                                      stages=int(self._stages >= 2))
+                                      stages=min(max(self._stages - 1, 0),
+                                                 FP_MULTIPLIER_MAX_STAGES))
             adder = FPAdder(lanes=1, stages=self._add_stages)
             m.submodules[f"multiplier{suffix}"] = multiplier
             m.submodules[f"adder{suffix}"] = adder
             # The lane is in use for the formats with more than ``lane`` MACs per cycle.
             lane_codes = [codes[name] for name in lane_formats]
-            active = Signal(name=f"lane{lane}_active")
-            m.d.comb += active.eq(format_at_add.matches(*lane_codes))
+            # As the adder sees it (multiply_stages after the multiplier). It gates every
+            # operand bit in front of the adder's alignment: with a stage, a register of its
+            # own rather than a compare of the delayed format there.
+            if self._stages:
+                before = self._delayed(m, self.format_in, f"lane{lane}_format",
+                                       self._stages - 1)
+                active = self._delayed(m, before.matches(*lane_codes), f"lane{lane}_active", 1)
+            else:
+                active = Signal(name=f"lane{lane}_active")
+                m.d.comb += active.eq(self.format_in.matches(*lane_codes))
             # Element ``lane`` of a format of b bits is field ``lane`` of b bits: formats of
             # one width share a case. A lane's operands are zero while it is unused; inside
             # one condition they are one Verilog process, evaluated once per input change.

@@ -64,34 +64,40 @@ class PSUM(wiring.Component):
     ``(bank * psum_bank_entries + entry) * 4``; the DMA engine sees these bytes in words of
     ``dma_bus_bytes`` (W), so one word holds ``W / 4`` entries.
 
-    Tensor-engine writes (``te_write``) go through a two-stage read-modify-write pipeline
-    that has its own memory read port and write priority; ``te_write.ready`` is always high,
-    one beat per cycle is sustained:
+    Tensor-engine writes (``te_write``) go through a read-modify-write pipeline of ``2 + N``
+    stages (``N = config.psum_add_stages``) that has its own memory read port and write
+    priority; ``te_write.ready`` is always high, one beat per cycle is sustained:
 
     * cycle ``t``: the beat is accepted and its word read (all partitions);
-    * cycle ``t + 1``: the stored entry (``accumulate``) plus the beat, wrapped to
+    * cycle ``t + 1 + N``: the stored entry (``accumulate``) plus the beat, wrapped to
       ``acc_bits`` (or, with ``float``, ``fp_add32(stored, beat)`` of the FP32 codes: an
-      :class:`~opentrn.hdl.fp_adder.FPAdder` of ``pe_cols`` lanes, built only when the
-      configuration has a float format; a build without int8 has no integer adder and
-      adds every beat in FP32), or the beat alone (overwrite: its 32 bits), is
+      :class:`~opentrn.hdl.fp_adder.FPAdder` of ``pe_cols`` lanes with ``N`` stages, built
+      only when the configuration has a float format; a build without int8 has no integer
+      adder and adds every beat in FP32), or the beat alone (overwrite: its 32 bits), is
       written with the entry's 4 byte enables in every partition; a read granted from
-      cycle ``t + 2`` on returns it.
+      cycle ``t + 2 + N`` on returns it. The integer sum is made in cycle ``t + 1`` and
+      waits ``N`` cycles with it.
 
     The hazard: a plain read in cycle ``t`` would return the word as it was before the write
-    the memories take at the end of cycle ``t`` (the previous beat's write-back, or a granted
-    ``dma_write``). The pipeline's read port is transparent to the write port
-    (:class:`~opentrn.hdl.memory_partition.MemoryPartition`, ``second_transparent``): the
-    bytes that write enables are read as written, so the result equals applying every write
-    in commit order: back-to-back accumulates to one entry lose nothing, and neither does a
-    ``dma_write`` committed in the cycle of the read. No other write can intervene: in cycle
-    ``t + 1`` the write port belongs to the pipeline. The pipeline reads and writes vector
-    words of ``Config.vector_word_bytes`` (V) bytes, ``V / 4`` entries each.
+    the memories take at the end of cycle ``t`` (the write-back of the beat of ``t - 1 -
+    N``, or a granted ``dma_write``). The pipeline's read port is transparent to the write
+    port (:class:`~opentrn.hdl.memory_partition.MemoryPartition`, ``second_transparent``):
+    the bytes that write enables are read as written, so with ``N = 0`` the result equals
+    applying every write in commit order: back-to-back accumulates to one entry lose
+    nothing, and neither does a ``dma_write`` committed in the cycle of the read. With
+    ``N > 0`` a sum still in the adder cannot be forwarded: a beat that accumulates must
+    come at least ``N + 1`` cycles after the previous beat into its entry (the tensor unit
+    holds its moving vectors so, docs/architecture.md), and no ``dma_write`` may write the
+    entry in between (the program's semaphores order them). No other write can intervene
+    in cycle ``t + 1 + N``: the write port belongs to the pipeline. The pipeline reads and
+    writes vector words of ``Config.vector_word_bytes`` (V) bytes, ``V / 4`` entries each.
 
     The other ports share one arbitrated read port (round-robin between ``act_read`` and
     ``dma_read``: a waiting reader is granted within 1 cycle) and the write port
-    (``dma_write``, granted in every cycle in which no ``te_write`` writes back, i.e. the
-    cycle after a cycle without an accepted ``te_write``). Responses come in the cycle after
-    the request transferred; a read and a write of one word in one cycle returns the old data.
+    (``dma_write``, granted in every cycle in which no ``te_write`` writes back, i.e.
+    ``N + 1`` cycles after a cycle without an accepted ``te_write``). Responses come in the
+    cycle after the request transferred; a read and a write of one word in one cycle returns
+    the old data.
 
     Members
     -------
@@ -182,29 +188,45 @@ class PSUM(wiring.Component):
         s1_slot = Signal(slot_bits)
         s1_data = Signal(_values_shape(cfg))
         s1_accumulate = Signal()
-        s1_float = Signal()
+        # A beat accumulated by the FP32 adder (float; every accumulate in a build without
+        # int8), as a register: it gates the adder's operands, in front of its alignment.
+        s1_use_sum = Signal()
         m.d.sync += [
             s1_valid.eq(te.valid),
             s1_word.eq(te_word),
             s1_slot.eq(te_slot),
             s1_data.eq(te.payload.data),
             s1_accumulate.eq(te.payload.accumulate),
-            s1_float.eq(te.payload.float),
+            s1_use_sum.eq(te.valid & te.payload.accumulate
+                          & (te.payload.float if "int8" in cfg.dtypes else 1)),
         ]
 
-        # -- te_write stage 1: merge, add, write back --------------------------------------
-        write = memory.priority_write
-        m.d.comb += [write.valid.eq(s1_valid), write.payload.word.eq(s1_word)]
+        # -- te_write stage 1: merge, add; stage 1 + N: write back --------------------------
+        # N = psum_add_stages registers inside the FP adder; everything else that the write
+        # needs waits as long (reset-less: only the valid bit must start clear).
+        stages = cfg.psum_add_stages
+
+        def delayed(value, name):
+            for stage in range(stages):
+                register = Signal.like(value, name=f"{name}_stage{stage + 2}",
+                                       reset_less=name != "valid")
+                m.d.sync += register.eq(value)
+                value = register
+            return value
+
         merged = [entry_bits_of(memory.direct_read.data[p], s1_slot)
                   for p in range(partitions)]
         fp_sum = None
-        if numerics.float_formats(cfg):
+        floats = bool(numerics.float_formats(cfg))
+        if floats:
             # acc_bits is 32 with a float format (Config), so an entry is one FP32 code.
-            m.submodules.adder = adder = FPAdder(lanes=partitions)
+            m.submodules.adder = adder = FPAdder(lanes=partitions, stages=stages)
             fp_sum = adder.sum
+            if stages:
+                m.d.comb += adder.enable.eq(1)
             # Zero operands unless a float accumulate is in stage 1, so the adder does not
             # toggle on integer beats; whole vectors, one assignment each (Icarus speed).
-            with m.If(s1_valid & s1_accumulate & (s1_float if "int8" in cfg.dtypes else 1)):
+            with m.If(s1_use_sum):
                 m.d.comb += [
                     adder.a.eq(Cat(*merged)),
                     adder.b.eq(s1_data),
@@ -213,11 +235,13 @@ class PSUM(wiring.Component):
         strobe = Signal(vector_bytes)
         m.d.comb += strobe.eq(Cat(*[(s1_slot == slot).replicate(ENTRY_BYTES)
                                     for slot in range(vector_bytes // ENTRY_BYTES)]))
-        written = []
+        # Stage 1's value of each partition when it is not the FP32 sum: the integer sum or
+        # the beat itself (overwrite); one vector, so that the stages copy it in one piece.
+        plain = Signal(_values_shape(cfg))
+        plain_values = []
         for p in range(partitions):
             old = Signal(signed(acc_bits), name=f"old_{p}")
-            new = Signal(signed(acc_bits), name=f"new_{p}")
-            stored = Signal(signed(entry_bits), name=f"stored_{p}")
+            new = Signal(signed(acc_bits), name=f"plain_{p}")
             # Inside a condition (the payload is ignored without valid anyway) this becomes
             # one Verilog process that Icarus evaluates once per input change, instead of
             # a net of concatenations that it re-propagates per bit: 10x faster simulation.
@@ -228,17 +252,33 @@ class PSUM(wiring.Component):
                         # Assignment to acc_bits bits wraps the sum (two's complement).
                         new.eq(Mux(s1_accumulate, old + s1_data[p], s1_data[p])),
                     ]
-                    if fp_sum is not None:
-                        with m.If(s1_accumulate & s1_float):
-                            m.d.comb += new.eq(fp_sum[p])
                 else:
-                    # No integer format: every beat is FP32 (no integer adder is built).
-                    m.d.comb += new.eq(Mux(s1_accumulate, fp_sum[p], s1_data[p]))
+                    # No integer format: every accumulate is FP32 (no integer adder).
+                    m.d.comb += new.eq(s1_data[p])
+            plain_values.append(new)
+        m.d.comb += plain.eq(Cat(*plain_values))
+
+        write_valid = delayed(s1_valid, "valid")
+        write_word = delayed(s1_word, "word")
+        write_strobe = delayed(strobe, "strobe")
+        write_plain = delayed(plain, "plain")
+        write_use_sum = delayed(s1_use_sum, "use_sum") if floats else None
+        write = memory.priority_write
+        m.d.comb += [write.valid.eq(write_valid), write.payload.word.eq(write_word)]
+        written = []
+        for p in range(partitions):
+            new = Signal(signed(acc_bits), name=f"new_{p}")
+            stored = Signal(signed(entry_bits), name=f"stored_{p}")
+            with m.If(write_valid):
+                if floats:
+                    m.d.comb += new.eq(Mux(write_use_sum, fp_sum[p], write_plain[p]))
+                else:
+                    m.d.comb += new.eq(write_plain[p])
                 m.d.comb += stored.eq(new)      # sign-extends to 32 bits
             written.append(stored.replicate(vector_bytes // ENTRY_BYTES))
         # Whole vectors, one assignment each: an assignment to a slice of a signal costs
         # Amaranth a pass over all the signal's bits, so one per partition is quadratic.
-        with m.If(s1_valid):
+        with m.If(write_valid):
             m.d.comb += [write.payload.data.eq(Cat(*written)),
-                         write.payload.strobe.eq(strobe.replicate(partitions))]
+                         write.payload.strobe.eq(write_strobe.replicate(partitions))]
         return m

@@ -323,8 +323,13 @@ class TensorUnit(wiring.Component):
       readers share
       ``sbuf_read`` by age as above (a path's two by the fewer words reserved), so an MX
       instruction reads twice the words of an FP8 one.
+    * With ``psum_add_stages = N > 0`` a vector of a matmul that accumulates enters the
+      array only when no vector into the same PSUM entry entered in the ``N`` cycles before
+      (:class:`~opentrn.hdl.psum.PSUM` cannot forward a sum still in its adder; every
+      vector's result reaches the PSUM the same number of cycles after it entered).
     * Instructions retire in program order: a load once its last column entered the array,
-      a matmul two cycles after its last result beat was accepted by the PSUM (readable).
+      a matmul ``2 + N`` cycles after its last result beat was accepted by the PSUM
+      (readable).
 
     Members
     -------
@@ -683,10 +688,31 @@ class TensorUnit(wiring.Component):
         first = matmuls.col == 0
         last = matmuls.col == matmuls.job.count - 1
         matmul_scales_ready, matmul_scale_statements = scales(matmuls, moving.payload)
+        # With psum_add_stages = N the PSUM writes a beat back N cycles later than it reads
+        # the entry, and a sum in its adder cannot be forwarded: a vector that accumulates
+        # waits while a vector into its PSUM entry entered in the last N cycles (the array's
+        # latency is the same for every vector, so the beats keep these distances). While
+        # it waits no vector enters, so the wait only ends: valid never falls untaken.
+        hazard = Signal()
+        if cfg.psum_add_stages:
+            target = Signal(range(cfg.psum_bank_entries))
+            m.d.comb += target.eq(matmuls.job.entry + matmuls.col)
+            # The vectors of the last N cycles: entered, and into which entry.
+            entered, entered_bank, entered_entry = matmuls.take, matmuls.job.bank, target
+            matches = []
+            for ago in range(1, cfg.psum_add_stages + 1):
+                was = Signal(name=f"entered_{ago}_ago")
+                was_bank = Signal.like(matmuls.job.bank, name=f"entered_{ago}_ago_bank")
+                was_entry = Signal.like(target, name=f"entered_{ago}_ago_entry")
+                m.d.sync += [was.eq(entered), was_bank.eq(entered_bank),
+                             was_entry.eq(entered_entry)]
+                matches.append(was & (was_bank == matmuls.job.bank) & (was_entry == target))
+                entered, entered_bank, entered_entry = was, was_bank, was_entry
+            m.d.comb += hazard.eq(matmuls.job.accumulate & Cat(*matches).any())
         m.d.comb += [
             # A matmul enters only with a slot for its results' destination.
             moving.valid.eq(matmuls.has_job & matmuls.word_ready & matmul_scales_ready
-                            & (~first | results.w_rdy)),
+                            & (~first | results.w_rdy) & ~hazard),
             *matmul_scale_statements,
             moving.payload.format.eq(matmuls.job.format),
             moving.payload.swap.eq(first & matmuls.job.swap),
@@ -729,8 +755,12 @@ class TensorUnit(wiring.Component):
                 with m.If(col < head.cols):
                     m.d.comb += write.payload.data[col].eq(engine.result.payload.data[col])
         written = write.valid & write.ready
-        matmul_done = Signal()       # the last beat was accepted last cycle
-        m.d.sync += matmul_done.eq(written & engine.result.payload.last)
+        # The last beat was accepted 1 + psum_add_stages cycles ago: written back last cycle.
+        matmul_done = written & engine.result.payload.last
+        for ago in range(1, 2 + cfg.psum_add_stages):
+            was_done = Signal(name=f"matmul_done_{ago}_ago")
+            m.d.sync += was_done.eq(matmul_done)
+            matmul_done = was_done
         with m.If(written):
             with m.If(engine.result.payload.last):
                 m.d.sync += result_index.eq(0)
@@ -741,8 +771,8 @@ class TensorUnit(wiring.Component):
         # -- retire in program order -------------------------------------------------------
         # Completions counted per kind (each kind completes in its own order), retired
         # when the instruction at the head of the program order has completed. A matmul
-        # completion is counted one cycle after its last beat was accepted, so it retires
-        # two cycles after, when the PSUM returns it.
+        # completion is counted 1 + psum_add_stages cycles after its last beat was
+        # accepted, so it retires 2 + psum_add_stages cycles after, when the PSUM returns it.
         loads_done = Signal(range(order_depth + 1))
         matmuls_done = Signal(range(order_depth + 1))
         head_is_load = order.r_data[0]

@@ -1,12 +1,19 @@
 """cocotb testbench of the PSUM (:mod:`opentrn.hdl.psum`), on the memory bench of
 :mod:`opentrn.sim.tb_sbuf` with the golden model :mod:`opentrn.golden.psum`.
 
-A ``te_write`` accepted in cycle ``t`` writes back at the end of cycle ``t + 1`` (the
-documented read-modify-write latency), so the scoreboard replays it there; the arbitrated
-``dma_write`` must get nothing in those cycles. Besides the checks of the SBUF bench, the
-statistics count the hazards the run met: accumulates whose read cycle saw a write to
-their word (the previous ``te_write``'s write-back, ``forwarded_te``, or a ``dma_write``,
-``forwarded_dma``), back-to-back accumulates to one entry, and accumulates that wrapped.
+A ``te_write`` accepted in cycle ``t`` writes back at the end of cycle ``t + 1 + N``
+(``N = psum_add_stages``: the documented read-modify-write latency), so the scoreboard
+replays it there; the arbitrated ``dma_write`` must get nothing in those cycles. Besides the
+checks of the SBUF bench, the statistics count the hazards the run met: accumulates whose
+read cycle saw a write to their word (a ``te_write``'s write-back, ``forwarded_te``, or a
+``dma_write``, ``forwarded_dma``), accumulates that read their entry in the cycle of its
+previous write-back (``back_to_back_same_entry``: one cycle apart with ``N = 0``, ``N + 1``
+with ``N`` stages, the closest the tensor unit sends them), and accumulates that wrapped.
+With ``N > 0`` the PSUM cannot forward a sum still in its adder: every test keeps an
+accumulate ``N + 1`` cycles or more behind the previous beat into its entry, and no
+``dma_write`` into its word between its read and its write-back (the random mix keeps the
+DMA's words apart from the ``te_write`` entries); ``unforwarded`` counts the accumulates
+that broke this, and must be 0.
 On a build with float formats half the random ``te_write`` beats carry FP32 codes
 (``float = 1``: accumulated by the FP32 adder), and ``test_float_accumulate`` checks FP32
 accumulation with the adder testbench's corner pairs (NaN, infinities, cancellation, ties,
@@ -32,8 +39,11 @@ from opentrn.hdl.psum import act_request_layout, act_response_layout, te_write_l
 from .tb_fp_adder import SPECIAL_CODES, directed_pairs, random_pairs
 from .tb_sbuf import MemoryBench, check, report, settings, workload_rng
 
-#: Cycles from a te_write's transfer to the end of the cycle its write-back is committed in.
-TE_WRITE_LATENCY = 1
+
+def te_write_latency(config):
+    """Cycles from a te_write's transfer to the end of the cycle its write-back is
+    committed in."""
+    return 1 + config.psum_add_stages
 
 
 class PSUMBench(MemoryBench):
@@ -65,7 +75,7 @@ class PSUMBench(MemoryBench):
                             # FP32 codes travel in the signed acc_bits data field.
                             np.asarray(r["data"], np.int64) & 0xFFFF_FFFF if r["float"]
                             else r["data"], r["accumulate"], float=r["float"]),
-                        gaps=gaps, delay=TE_WRITE_LATENCY, arbitrated=False)
+                        gaps=gaps, delay=te_write_latency(config), arbitrated=False)
         self.write_port("dma_write", word_write_layout(parts, depth, width),
                         lambda model, r: model.dma_write(r["partition"], r["word"],
                                                          r["data"], r["strobe"]),
@@ -76,7 +86,8 @@ class PSUMBench(MemoryBench):
 
     def score(self):
         config = self.config
-        last_te = {}
+        latency = te_write_latency(config)
+        te_entries = {}         # write-back cycle -> the te_write's (bank, entry)
 
         def blocked(events):
             return {cycle for cycle, kind, name, _, _ in events if name == "te_write"}
@@ -84,16 +95,23 @@ class PSUMBench(MemoryBench):
         def on_write(cycle, name, payload, write_words, stats):
             if name != "te_write":
                 return
+            entry = (payload["bank"], payload["entry"])
             if payload["accumulate"]:
-                # The read happened in the transfer cycle, one before this write-back.
-                read_cycle = cycle - TE_WRITE_LATENCY
+                # Read in the transfer cycle, written back ``latency`` cycles later.
+                read_cycle = cycle - latency
                 if write_words.get(read_cycle) == payload["word"]:
-                    if last_te.get("cycle") == read_cycle:
+                    if read_cycle in te_entries:
                         stats["forwarded_te"] += 1
-                        if last_te["entry"] == (payload["bank"], payload["entry"]):
+                        if te_entries[read_cycle] == entry:
                             stats["back_to_back_same_entry"] += 1
                     else:
                         stats["forwarded_dma"] += 1
+                # A write into its word after the read and before this write-back would be
+                # lost: a te_write of its entry, or any dma_write (the tests keep both out).
+                stats["unforwarded"] += sum(
+                    1 for between in range(read_cycle + 1, cycle)
+                    if write_words.get(between) == payload["word"]
+                    and te_entries.get(between, entry) == entry)
                 if payload["float"]:
                     stats["float_accumulates"] += 1
                 else:
@@ -101,7 +119,7 @@ class PSUMBench(MemoryBench):
                     exact = old + np.asarray(payload["data"], dtype=np.int64)
                     stats["wrapped"] += int(np.any(wrap(exact, config.acc_bits) != exact))
                 stats["accumulates"] += 1
-            last_te.update(cycle=cycle, entry=(payload["bank"], payload["entry"]))
+            te_entries[cycle] = entry
 
         # te_write and act_read name an entry, not a word: add it for the bookkeeping.
         for name in ("te_write", "act_read"):
@@ -110,7 +128,7 @@ class PSUMBench(MemoryBench):
                 payload.setdefault("word", self.word_of(payload["bank"], payload["entry"]))
         stats = super().score(blocked_writes=blocked, on_write=on_write)
         for key in ("forwarded_te", "forwarded_dma", "back_to_back_same_entry", "wrapped",
-                    "accumulates", "float_accumulates"):
+                    "accumulates", "float_accumulates", "unforwarded"):
             stats.setdefault(key, 0)
         return stats
 
@@ -165,23 +183,36 @@ def nonzero_mask(rng, bits):
 
 def random_requests(bench, rng, ops):
     """``ops`` requests on every port; half the te_writes on two hot entries that share a
-    word, accumulate 60% of the time; with float formats half the te_writes float."""
+    word, accumulate 60% of the time; with float formats half the te_writes float. With
+    ``psum_add_stages = N > 0``: an accumulate into an entry among the last ``N``
+    te_writes' becomes an overwrite (it would come fewer than ``N + 1`` cycles after
+    them), and the te_writes take the first half of the entries, the dma_writes the words
+    of the second half."""
     config = bench.config
     floats = bool(numerics.float_formats(config))
     parts, width, depth = bench.geometry
     banks, entries = config.psum_banks, config.psum_bank_entries
-    hot = [(banks - 1, 0), (banks - 1, min(1, entries - 1))]
+    stages = config.psum_add_stages
+    te_slots, dma_words = banks * entries, range(depth)
+    if stages:
+        te_slots //= 2
+        dma_words = range(bench.word_of(*divmod(te_slots, entries)), depth)
+    hot = [divmod(0, entries), divmod(min(1, te_slots - 1), entries)]
     hot_word = bench.word_of(*hot[0])
+    recent = []             # the last N te_writes' entries
     for _ in range(ops):
         roll = rng.random()
         if roll < 0.4:
-            bank, entry = (hot[int(rng.integers(2))] if rng.random() < 0.5
-                           else (rng.integers(banks), rng.integers(entries)))
+            entry = (hot[int(rng.integers(2))] if rng.random() < 0.5
+                     else divmod(int(rng.integers(te_slots)), entries))
+            accumulate = rng.random() < 0.6 and entry not in recent
             bench.writes["te_write"].request.send(
-                te_beat(config, rng, bank, entry, rng.random() < 0.6,
+                te_beat(config, rng, *entry, accumulate,
                         float_beat=floats and rng.random() < 0.5))
+            recent = (recent + [entry])[-stages:] if stages else []
         elif roll < 0.6:
-            word = hot_word if rng.random() < 0.5 else rng.integers(depth)
+            word = (hot_word if rng.random() < 0.5 and not stages
+                    else dma_words[int(rng.integers(len(dma_words)))])
             bench.writes["dma_write"].request.send(dma_write_beat(bench, rng, word))
         elif roll < 0.8:
             bench.reads["act_read"].request.send({"bank": int(rng.integers(banks)),
@@ -242,66 +273,82 @@ async def test_random_mix(dut):
 
 @cocotb.test()
 async def test_back_to_back_accumulate(dut):
-    """One te_write per cycle, all accumulating into one entry (after one overwrite): one
-    beat accepted every cycle and no accumulation lost."""
+    """One te_write per cycle into ``N + 1`` entries in turn (``N = psum_add_stages``; one
+    entry without stages), each overwritten once and then accumulated every ``N + 1``
+    cycles, the closest the PSUM takes them: one beat accepted every cycle and no
+    accumulation lost."""
     bench, config, _, seed = await _start(dut)
     rng = workload_rng(seed, "back_to_back")
     count = 4 * config.psum_bank_entries
-    bank, entry = config.psum_banks - 1, config.psum_bank_entries - 1
+    turn = 1 + config.psum_add_stages
+    bank = config.psum_banks - 1
     te = bench.writes["te_write"].request
     for index in range(count):
-        te.send(te_beat(config, rng, bank, entry, accumulate=index > 0))
+        entry = config.psum_bank_entries - 1 - index % turn
+        te.send(te_beat(config, rng, bank, entry, accumulate=index >= turn))
     await bench.drain(budget=4 * count + 100)
-    bench.reads["act_read"].request.send({"bank": bank, "entry": entry})
+    for index in range(turn):
+        bench.reads["act_read"].request.send(
+            {"bank": bank, "entry": config.psum_bank_entries - 1 - index})
     await bench.drain(budget=100)
     cycles = [cycle for cycle, _ in te.accepted[-count:]]
     stats = bench.score()
     stats["te_idle_cycles"] = cycles[-1] - cycles[0] + 1 - count
-    report({"test": "back_to_back_accumulate", "seed": seed, "beats": count, **stats})
+    report({"test": "back_to_back_accumulate", "seed": seed, "beats": count,
+            "entries": turn, **stats})
     check(stats, "back_to_back_accumulate")
     assert stats["te_idle_cycles"] == 0, "te_write did not sustain one beat per cycle"
-    assert stats["back_to_back_same_entry"] == count - 1
+    assert stats["back_to_back_same_entry"] == count - turn
+    assert stats["unforwarded"] == 0
 
 
 @cocotb.test()
 async def test_accumulate_meets_dma_write(dut):
     """A dma_write to the word of an accumulate, granted in the cycle the accumulate reads
-    it: te_write every other cycle, dma_write every cycle, so each dma_write lands in a
-    read cycle. Both survive, in commit order."""
+    it: te_write every ``N + 2`` cycles (``N = psum_add_stages``) into one entry, dma_write
+    every cycle without stages (each waits out the write-backs), else in the te_writes'
+    cycles (none between a read and its write-back), so each dma_write lands in a read
+    cycle. Both survive, in commit order."""
     bench, config, _, seed = await _start(dut)
     rng = workload_rng(seed, "meets_dma_write")
     count = 2 * config.psum_bank_entries
+    period = 2 + config.psum_add_stages
     bank, entry = 0, config.psum_bank_entries // 2
     word = bench.word_of(bank, entry)
     te = bench.writes["te_write"].request
     dma = bench.writes["dma_write"].request
     for index in range(count):
-        te.send(te_beat(config, rng, bank, entry, accumulate=True), idle=int(index > 0))
-        dma.send(dma_write_beat(bench, rng, word))
-    await bench.drain(budget=8 * count + 100)
+        idle = (period - 1) * int(index > 0)
+        te.send(te_beat(config, rng, bank, entry, accumulate=True), idle=idle)
+        dma.send(dma_write_beat(bench, rng, word),
+                 idle=idle if config.psum_add_stages else 0)
+    await bench.drain(budget=(4 + period) * count + 100)
     bench.reads["act_read"].request.send({"bank": bank, "entry": entry})
     await bench.drain(budget=100)
     stats = bench.score()
     report({"test": "accumulate_meets_dma_write", "seed": seed, "beats": count, **stats})
     check(stats, "accumulate_meets_dma_write")
     assert stats["forwarded_dma"] == count, stats
+    assert stats["unforwarded"] == 0
 
 
 @cocotb.test()
 async def test_write_latency(dut):
-    """A te_write accepted in cycle t is returned by a read granted in t + 2, not by one
-    granted in t + 1 (and an act_read answers in the next cycle)."""
+    """A te_write accepted in cycle t is returned by a read granted in t + 2 + N, not by one
+    granted in t + 1 + N (``N = psum_add_stages``; an act_read answers in the next
+    cycle)."""
     bench, config, _, seed = await _start(dut)
     rng = workload_rng(seed, "latency")
     te = bench.writes["te_write"].request
     act = bench.reads["act_read"].request
+    stages = config.psum_add_stages
     pairs = 8
     for index in range(pairs):
         bank, entry = index % config.psum_banks, (3 * index) % config.psum_bank_entries
-        # Beat at cycle c; reads at c + 1 (old value) and c + 2 (new value). Both sources
-        # start together; then each pair takes 5 cycles on either.
+        # Beat at cycle c; reads at c + 1 + N (old value) and c + 2 + N (new value). Both
+        # sources start together; then each pair takes 5 cycles on either.
         te.send(te_beat(config, rng, bank, entry, accumulate=index % 2), idle=4)
-        act.send({"bank": bank, "entry": entry}, idle=5 if index == 0 else 3)
+        act.send({"bank": bank, "entry": entry}, idle=5 + stages if index == 0 else 3)
         act.send({"bank": bank, "entry": entry})
     await bench.drain(budget=20 * pairs + 100)
     stats = bench.score()
@@ -311,7 +358,7 @@ async def test_write_latency(dut):
         te_cycles, read_cycles[::2], read_cycles[1::2], strict=True) for r in (r0, r1)})
     report({"test": "write_latency", "seed": seed, **stats})
     check(stats, "write_latency")
-    assert stats["read_offsets"] == [1, 2], stats["read_offsets"]
+    assert stats["read_offsets"] == [1 + stages, 2 + stages], stats["read_offsets"]
 
 
 @cocotb.test()
@@ -319,9 +366,11 @@ async def test_float_accumulate(dut):
     """FP32 accumulation (a build with float formats only): for each operand pair of the
     FP32 adder's testbench (every pair of its special codes, both signs: NaNs,
     infinities, zeros, subnormals, max finite; hand-picked ties and cancellations; random
-    corner pairs), a float overwrite with ``a`` and, in the next cycle, a float accumulate
-    of ``b`` into the same entry (so the read-modify-write forwards ``a``); every entry
-    read back through ``act_read`` after each round: ``fp_add32(a, b)`` bit for bit."""
+    corner pairs), a float overwrite with ``a`` and, ``N + 1`` cycles later (``N =
+    psum_add_stages``: the overwrites of ``N + 1`` entries, then their accumulates), a float
+    accumulate of ``b`` into the same entry (so the read-modify-write forwards ``a``); every
+    entry read back through ``act_read`` after each round: ``fp_add32(a, b)`` bit for
+    bit."""
     config, _, seed = settings()
     if not numerics.float_formats(config):
         return
@@ -338,13 +387,19 @@ async def test_float_accumulate(dut):
     a, b = np.pad(a, (0, pad)), np.pad(b, (0, pad))
     te, act = bench.writes["te_write"].request, bench.reads["act_read"].request
     beats = len(a) // lanes
+    turn = 1 + config.psum_add_stages
     for first in range(0, beats, slots):
-        for index in range(first, min(first + slots, beats)):
-            bank, entry = divmod(index - first, config.psum_bank_entries)
-            lane = slice(index * lanes, (index + 1) * lanes)
-            for accumulate, codes in ((0, a[lane]), (1, b[lane])):
-                te.send({"bank": bank, "entry": entry, "accumulate": accumulate, "float": 1,
-                         "data": _signed32(codes)})
+        round_end = min(first + slots, beats)
+        for group in range(first, round_end, turn):
+            members = range(group, min(group + turn, round_end))
+            for accumulate, codes in ((0, a), (1, b)):
+                for index in members:
+                    bank, entry = divmod(index - first, config.psum_bank_entries)
+                    lane = slice(index * lanes, (index + 1) * lanes)
+                    # A short last group: the accumulates still N + 1 cycles behind.
+                    idle = turn - len(members) if accumulate and index == group else 0
+                    te.send({"bank": bank, "entry": entry, "accumulate": accumulate,
+                             "float": 1, "data": _signed32(codes[lane])}, idle=idle)
         await bench.drain(budget=8 * slots + 100)
         for index in range(first, min(first + slots, beats)):
             bank, entry = divmod(index - first, config.psum_bank_entries)
@@ -365,3 +420,4 @@ async def test_float_accumulate(dut):
     check(stats, "float_accumulate")
     assert stats["float_accumulates"] == beats
     assert stats["back_to_back_same_entry"] == beats
+    assert stats["unforwarded"] == 0

@@ -15,11 +15,12 @@ SIM_BUILDS = {
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
     # Every format with two registers between the PEs' multipliers and adders (the fpga
     # preset has one) and two in their adders: the latency formula K (1 + A) + M - 1 + S,
-    # cycle-exact; and the activation lanes' input stage, as on the fpga preset, and two in
-    # their adders.
+    # cycle-exact; the activation lanes' input stage, as on the fpga preset, a second
+    # multiply stage and two in their adders; two in the PSUM's accumulate.
     "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2, pe_add_stages=2,
                                                   activation_input_stages=1,
-                                                  activation_add_stages=2),
+                                                  activation_multiply_stages=1,
+                                                  activation_add_stages=2, psum_add_stages=2),
 }
 
 #: Builds of the tensor engine with more than one MX block (row ``k`` of the array takes the

@@ -36,12 +36,16 @@ BUILDS = {
                                                   dma_bus_bytes=4),
     # trn3's 64-byte bus: 32-byte SBUF vector words (Config.vector_word_bytes).
     "wide": config.preset("tiny").replace(dma_bus_bytes=64),
-    # Every format with the lanes' input registered (the fpga preset's register).
+    # Every format with the lanes' input registered (the fpga preset's register), and with
+    # a multiply stage alone (the FP32 multiplier cut after its product, the integer
+    # product delayed).
     "staged": config.preset("tiny").replace(activation_input_stages=1),
+    "multiply-staged": config.preset("tiny").replace(activation_multiply_stages=1),
 }
 #: (instructions, read grant probability, write grant probability) per build.
 RUNS = {"tiny": (150, 0.6, 0.5), "small": (100, 0.7, 0.6), "narrow": (80, 0.5, 0.4),
-        "narrow-float": (80, 0.5, 0.4), "wide": (80, 0.6, 0.5), "staged": (80, 0.6, 0.5)}
+        "narrow-float": (80, 0.5, 0.4), "wide": (80, 0.6, 0.5), "staged": (80, 0.6, 0.5),
+        "multiply-staged": (60, 0.6, 0.5)}
 
 #: FP32 codes the float inputs, scales and biases are weighted toward: zeros of both signs,
 #: infinities, NaNs (quiet, signalling, negative), the largest finite value, subnormals,

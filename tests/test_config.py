@@ -85,6 +85,8 @@ def test_override_parsing():
     ("pe_multiply_stages=5", "pe_multiply_stages=5: must be between 0 and 4"),
     ("pe_add_stages=3", "pe_add_stages=3: must be between 0 and 2"),
     ("activation_add_stages=-1", "activation_add_stages=-1: must be between 0 and 2"),
+    ("psum_add_stages=3", "psum_add_stages=3: must be between 0 and 2"),
+    ("activation_multiply_stages=2", "activation_multiply_stages=2: must be 0 or 1"),
     ("activation_input_stages=2", "activation_input_stages=2: must be 0 or 1"),
     ("activation_input_stages=-1", "activation_input_stages=-1: must be 0 or 1"),
     ("fast_weight_load=3", "fast_weight_load=3: must be 0, 1 or 2"),

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from opentrn import config, cycle_model, kernels, numerics
-from opentrn.isa import Opcode, encode
-from opentrn.kernel import Kernel
+from opentrn.golden.core import Core as GoldenCore
+from opentrn.isa import Fault, Opcode, encode
+from opentrn.kernel import FORMAT_DTYPES, Kernel
 from opentrn.sim.core import run_images, run_programs
 
 from .conftest import require_simulator
@@ -19,14 +20,18 @@ from .conftest import require_simulator
 BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
           "tiny-bus16": config.preset("tiny").replace(dma_bus_bytes=16),
           # Every format with two registers between the PEs' multipliers and adders, two in
-          # their adders, the activation lanes' input stage and two in their adders: the
-          # latencies follow pe_multiply_stages, pe_add_stages (the rows' skew, the reload
-          # guard), activation_input_stages and activation_add_stages (the fpga preset, with
-          # one multiply and one input stage, is predicted exactly on the simulated board:
-          # tests/test_board.py).
+          # their adders, the activation lanes' input stage, a second multiply stage and two
+          # in their adders, two in the PSUM's accumulate: the latencies follow
+          # pe_multiply_stages, pe_add_stages (the rows' skew, the reload guard),
+          # activation_input_stages, activation_multiply_stages, activation_add_stages and
+          # psum_add_stages (the waits of accumulates too: test_accumulates_wait_for_the_
+          # psum_adder); the fpga preset, with one multiply and one input stage, is predicted
+          # exactly on the simulated board (tests/test_board.py).
           "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2, pe_add_stages=2,
                                                         activation_input_stages=1,
-                                                        activation_add_stages=2),
+                                                        activation_multiply_stages=1,
+                                                        activation_add_stages=2,
+                                                        psum_add_stages=2),
           # The fast weight loads: a fresh tile every max(N, M + 1); with two columns a beat
           # into three banks (on in trn2/trn3), every max(N, M / 2), here with the rows
           # two cycles apart (an add stage: the loads' rows are skewed as the vectors').
@@ -78,6 +83,70 @@ def test_predicted_counters_equal_the_rtls_with_a_fixed_hbm_latency():
         assert outcome.counters["cycles"] > cycle_model.predict(program)["cycles"], label
         assert cycle_model.upper_bound(cfg, program.hbm, program.programs,
                                        latency=latency) > outcome.counters["cycles"], label
+
+
+def _accumulates_in_flight(cfg, dtype, rng):
+    """A kernel whose matmuls accumulate into PSUM entries still in the PSUM's adder when
+    ``psum_add_stages`` > 0: two 16-vector matmuls queue the one-vector matmuls behind them,
+    the first of those into the last entry of the second, the others into one entry."""
+    rows, cols, n = cfg.pe_rows, cfg.pe_cols, cfg.moving_max
+    element = FORMAT_DTYPES[dtype]
+
+    def values(shape):
+        if dtype == "int8":
+            return rng.integers(-128, 128, shape).astype(np.int8)
+        return rng.standard_normal(shape).astype(np.float32).astype(element)
+
+    k = Kernel(cfg, f"accumulates in flight ({dtype})")
+    a = k.input("a", values((rows, cols)))
+    x = k.input("x", values((rows, 2 * n)))
+    out_type = np.int32 if dtype == "int8" else np.float32
+    first_out = k.output("first", (cols, n), out_type)
+    second_out = k.output("second", (cols, n), out_type)
+    stationary = k.sbuf(rows, cols * element.itemsize)
+    moving = k.sbuf(rows, 2 * n * element.itemsize)
+    first, second = k.psum(n), k.psum(n)
+    k.dma(stationary[:, :], a[:, :])
+    k.dma(moving[:, :], x[:, :])
+    k.load_stationary(stationary[:, :], dtype=dtype)
+    size = element.itemsize
+    k.matmul(first[:, 0:n], moving[:, 0:n * size])
+    k.matmul(second[:, 0:n], moving[:, n * size:2 * n * size])
+    k.matmul(second[:, n - 1:n], moving[:, 0:size], accumulate=True)
+    for j in range(6):
+        k.matmul(first[:, 3:4], moving[:, (j + 1) * size:(j + 2) * size], accumulate=True)
+    k.dma(first_out[:, :], first[:, 0:n])
+    k.dma(second_out[:, :], second[:, 0:n])
+    return k.build()
+
+
+@pytest.mark.sim
+def test_accumulates_wait_for_the_psum_adder():
+    """With ``psum_add_stages = 2`` (``tiny-stages2``) a moving vector that accumulates into
+    a PSUM entry a vector of the last two cycles went to waits: the results equal the golden
+    machine's, bit for bit (int8 and BF16), and the cycle model's timeline equals the RTL's,
+    event for event, the vector after the second 16-vector matmul (into its last entry)
+    entering three cycles after that matmul's last."""
+    sim = "icarus"
+    require_simulator(sim)
+    cfg = BUILDS["tiny-stages2"]
+    rng = np.random.default_rng(5)
+    programs = [_accumulates_in_flight(cfg, dtype, rng) for dtype in ("int8", "bf16")]
+    outcomes, _ = run_images(cfg, [(p.hbm, p.programs) for p in programs], sim=sim,
+                             timeline=True)
+    golden = GoldenCore(cfg)
+    for program, outcome in zip(programs, outcomes, strict=True):
+        reference = golden.run(program.hbm, program.programs)
+        assert outcome.fault == reference.fault == Fault.NONE, program.name
+        assert np.array_equal(outcome.hbm, reference.hbm[:len(program.hbm)]), program.name
+        predicted, timeline = cycle_model.predict_timeline(program)
+        assert predicted == outcome.counters, program.name
+        assert timeline == outcome.timeline, program.name
+        runs = outcome.timeline.busy["tensor"]
+        # The two 16-vector matmuls back to back, then the one-vector matmul into the last
+        # entry, held until three cycles after that entry's vector.
+        assert runs[0][1] - runs[0][0] == 2 * cfg.moving_max, (program.name, runs)
+        assert runs[1][0] - runs[0][1] == cfg.psum_add_stages, (program.name, runs)
 
 
 def test_the_default_watchdog_is_above_a_long_programs_cycles():

@@ -439,7 +439,7 @@ def test_add_stages_refused_with_packed_macs():
                           macs={"fp8e4m3": 2}, add_stages=1)
 
 
-@pytest.mark.parametrize("multiply_stages, add_stages", [(0, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize("multiply_stages, add_stages", [(0, 1), (1, 2), (2, 1), (3, 1)])
 def test_stages_delay_the_sum(multiply_stages, add_stages):
     """With ``S`` multiply and ``A`` add stages, an element's product meets the partial sum
     that arrives ``S`` advances after it and their sum leaves ``A + 1`` advances after that

@@ -80,10 +80,11 @@ def test_fp_multiplier(sim):
 def _simulate(formats, cases, lanes=8, stages=0):
     """Run ``cases`` (``(format, a, b, scale_a, scale_b)``, each a multiple of ``lanes``
     long) through a build for ``formats`` on Amaranth's simulator; return the mismatches
-    and the number of products checked. With ``stages = 1`` a step's operands are clocked
-    in (``enable`` high) and its products read after the next clock edge, while the next
-    step's operands are already driven: what is read must be the operands' of the edge;
-    then, with ``enable`` low, the next step's operands must not reach ``product``."""
+    and the number of products checked. With ``stages`` a step's operands are clocked in
+    (``enable`` high) and its products read after the ``stages``-th clock edge from there,
+    while the next step's operands are already driven: what is read must be the operands'
+    of that edge; every fourth step, with ``enable`` low, the next step's operands must not
+    reach ``product``."""
     dut = FPMultiplier(formats=formats, lanes=lanes, stages=stages)
     width = len(dut.a.as_value()) // lanes
     counts = {"checked": 0, "mismatches": 0, "held": 0}
@@ -118,11 +119,14 @@ def _simulate(formats, cases, lanes=8, stages=0):
                     check(ctx.get(dut.product.as_value()), expected, step)
                 continue
             ctx.set(dut.enable, 1)
-            for step in range(steps):
-                drive(ctx, code, a, b, scale_a, scale_b, step)
+            for cycle in range(steps + stages - 1):
+                drive(ctx, code, a, b, scale_a, scale_b, cycle % steps)
                 await ctx.tick()
-                # The next operands already on the inputs: the register holds these.
-                drive(ctx, code, a, b, scale_a, scale_b, (step + 1) % steps)
+                # The next operands already on the inputs: the registers hold these.
+                drive(ctx, code, a, b, scale_a, scale_b, (cycle + 1) % steps)
+                step = cycle - (stages - 1)
+                if step < 0:
+                    continue
                 got = ctx.get(dut.product.as_value())
                 check(got, expected, step)
                 if step % 4 == 3:   # a stall: the product holds
@@ -184,12 +188,13 @@ def test_build_variants(formats):
     ("fp32",),                          # the activation lanes' (subnormals, overflow)
     ("bf16", "mxfp8e4m3"),              # scales through the register
 ])
-def test_one_stage(formats):
-    """``stages = 1``: each product one clock after its operands, equal to the golden
-    model's on the edge values and random pairs, held while ``enable`` is low."""
+@pytest.mark.parametrize("stages", [1, 2])
+def test_stages(formats, stages):
+    """``stages`` 1 and 2: each product ``stages`` clocks after its operands, equal to the
+    golden model's on the edge values and random pairs, held while ``enable`` is low."""
     lanes = 4
     cases = _cases(formats, np.random.default_rng(11), 128, lanes)
-    counts = _simulate(formats, cases, lanes, stages=1)
+    counts = _simulate(formats, cases, lanes, stages=stages)
     assert counts["checked"] == sum(case[1].size for case in cases)
     assert counts["mismatches"] == 0, counts
     stalls = sum(case[1].size // lanes // 4 for case in cases)
@@ -231,5 +236,5 @@ def test_bad_arguments_are_refused():
         FPMultiplier(formats="bf16")
     with pytest.raises(TypeError, match="lanes=2.0: must be an integer"):
         FPMultiplier(formats=("bf16",), lanes=2.0)
-    with pytest.raises(ValueError, match="stages must be 0 or 1, not 2"):
-        FPMultiplier(formats=("bf16",), stages=2)
+    with pytest.raises(ValueError, match="stages must be from 0 to 2, not 3"):
+        FPMultiplier(formats=("bf16",), stages=3)

@@ -126,6 +126,8 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
              for i, (opcode, f) in enumerate(program) if opcode == MATMUL
              for j in range(f["n"])]
     stats = {"busy": [], "macs": 0, "retired": 0, "cycles": 0, "max_active": 0}
+    # The PSUM writes a beat back psum_add_stages cycles later than it reads its entry.
+    stages = cfg.psum_add_stages
 
     async def bench(ctx):
         request, response = dut.sbuf_read.request, dut.sbuf_read.response
@@ -134,6 +136,7 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
         presenting = False
         answer = None                  # the SBUF word answering this cycle
         last_write = {}                # program index -> cycle of its last PSUM beat
+        entry_written = {}             # (bank, entry) -> cycle of its last PSUM beat
         for cycle in range(cycles):
             # -- drive ---------------------------------------------------------------------
             if accepted < len(program) and (presenting or rng.random() < present):
@@ -168,6 +171,11 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
                 if is_float:
                     values &= 0xFFFF_FFFF          # FP32 codes in the signed data field
                 model.te_write(bank, entry, values, accumulate, float=is_float)
+                if accumulate and (bank, entry) in entry_written:
+                    # Never into a sum still in the PSUM's adder.
+                    distance = cycle - entry_written[bank, entry]
+                    assert distance > stages, (cycle, next_beat, distance)
+                entry_written[bank, entry] = cycle
                 next_beat += 1
                 if last:
                     last_write[index] = cycle
@@ -175,8 +183,10 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
                 index = stats["retired"]
                 assert index < accepted, cycle
                 if program[index][0] == MATMUL:
-                    # Readable in the PSUM from two cycles after its last beat.
-                    assert index in last_write and cycle >= last_write[index] + 2, cycle
+                    # Readable in the PSUM from 2 + psum_add_stages cycles after its last
+                    # beat.
+                    assert index in last_write and \
+                        cycle >= last_write[index] + 2 + stages, cycle
                 stats["retired"] += 1
             if ctx.get(dut.busy):
                 stats["busy"].append(cycle)
@@ -251,9 +261,14 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
     (TINY.replace(fast_weight_load=2), 10, 0.5, 0.8, 0.8, 40),
     (TINY.replace(fast_weight_load=2, pe_cols=8, moving_max=12, sbuf_bytes_per_partition=128),
      12, 0.6, 0.8, 1.0, 30),
+    # Registers in the PSUM's accumulate: accumulates held off sums in its adder, the
+    # retire later (_run checks both); two PSUM banks, so destinations meet often.
+    (TINY.replace(psum_add_stages=2, psum_banks=2, psum_bank_entries=32), 13, 1.0, 1.0, 1.0,
+     60),
+    (TINY.replace(psum_add_stages=1, pe_add_stages=1), 14, 0.6, 0.8, 1.0, 40),
 ], ids=["tiny-full", "tiny-slow-sbuf", "tiny-backpressure", "tiny-acc16", "small",
         "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus", "fast2-tiny-full",
-        "fast2-tiny-slow", "fast2-4x8"])
+        "fast2-tiny-slow", "fast2-4x8", "psum2-tiny-full", "psum1-tiny-backpressure"])
 def test_random_programs_match_golden(cfg, seed, grant, psum_ready, present, matmuls):
     program = _random_program(cfg, random.Random(seed), matmuls)
     stats = _run(cfg, program, seed=seed, grant=grant, psum_ready=psum_ready,
@@ -367,17 +382,31 @@ def test_mx_matmuls_take_their_scales(cfg):
     _run(cfg, program, seed=cfg.pe_rows, grant=0.7, psum_ready=0.8, image=image)
 
 
-def test_accumulate_into_one_entry_back_to_back():
+@pytest.mark.parametrize("stages", [0, 1, 2])
+def test_accumulate_into_one_entry_back_to_back(stages):
     """Matmuls of one vector accumulating into one PSUM entry, back to back, with one tile
-    and with a fresh tile each: the in-order PSUM read-modify-write loses nothing."""
-    cfg = TINY
-    program = [(LOAD, {"sbuf_offset": 3, "rows": 4, "cols": 4})]
+    and with a fresh tile each: the in-order PSUM read-modify-write loses nothing. With
+    ``psum_add_stages`` such vectors enter ``stages + 1`` cycles apart, the closest the
+    PSUM takes them (a 16-vector matmul first queues them up), and so does a matmul into
+    the last entry of the one before."""
+    cfg = TINY.replace(psum_add_stages=stages)
+    program = [(LOAD, {"sbuf_offset": 3, "rows": 4, "cols": 4}),
+               (MATMUL, {"sbuf_offset": 0, "n": 16, "psum_bank": 0, "psum_entry": 0,
+                         "accumulate": 0}),
+               (MATMUL, {"sbuf_offset": 1, "n": 1, "psum_bank": 0, "psum_entry": 15,
+                         "accumulate": 1})]
     for i in range(12):
         if i % 3 == 2:
             program.append((LOAD, {"sbuf_offset": 7 * i, "rows": 1 + i % 4, "cols": 2}))
         program.append((MATMUL, {"sbuf_offset": 5 * i, "n": 1, "psum_bank": 1,
                                  "psum_entry": 9, "accumulate": int(i > 0)}))
-    _run(cfg, program, seed=7)
+    busy = _run(cfg, program, seed=7)["busy"]
+    assert len(busy) == 16 + 1 + 12
+    assert busy[16] - busy[15] == stages + 1
+    # The one-vector matmuls into entry 9 with no load between them.
+    single = busy[17:]
+    assert [single[i + 1] - single[i] for i in range(11) if (i + 1) % 3 != 2] == \
+        [stages + 1] * 7
 
 
 def _idle(busy):

@@ -71,10 +71,12 @@ class Config:
     pe_multiply_stages : int
         Registers between a PE's multipliers and its accumulating adders, 0 to 4 (with two
         or more, a float lane's first inside its multiplier, after the significand
-        product): 0 multiplies and accumulates in one cycle; each stage adds a cycle to the
-        array's latency (a moving vector's result leaves ``K (1 + pe_add_stages) + M - 1 +
-        pe_multiply_stages`` cycles after it) and nothing to its throughput, so an FPGA
-        build reaches its clock (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+        product, with three or more its second too, after the normalization; one always
+        after the product): 0 multiplies and accumulates in one cycle; each stage adds a
+        cycle to the array's latency (a moving vector's result leaves ``K (1 +
+        pe_add_stages) + M - 1 + pe_multiply_stages`` cycles after it) and nothing to its
+        throughput, so an FPGA build reaches its clock (the ``fpga`` preset has 1;
+        docs/fpga.md, "Timing").
     pe_add_stages : int
         Registers inside each PE's accumulating FP32 adder, 0 to 2 (after the alignment,
         after the add; the integer sum is delayed to match): each delays a partial sum a
@@ -91,13 +93,29 @@ class Config:
         the significand product, for a cycle more of the engine's latency (an ACTIVATE
         retires ``n + 7 + activation_input_stages`` cycles after it is handed over) and
         nothing of its throughput (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+    activation_multiply_stages : int
+        0 or 1: one more register inside each activation lane's FP32 multiplier, after its
+        normalization when ``activation_input_stages`` already cuts it after the significand
+        product (else there), the integer path's product delayed to match: a cycle more of
+        an ACTIVATE's latency, nothing of its throughput. For an FPGA build with float
+        formats (docs/fpga.md, "Float formats").
     activation_add_stages : int
         Registers inside each activation lane's FP32 adder (the float path's bias add), 0
         to 2 (after the alignment, after the add; the integer path's bias add delayed to
         match): each adds a cycle to the engine's latency (an ACTIVATE retires ``n + 7 +
-        activation_input_stages + activation_add_stages`` cycles after it is handed over)
+        activation_input_stages + activation_multiply_stages + activation_add_stages``
+        cycles after it is handed over)
         and nothing to its throughput. For an FPGA build with float formats (docs/fpga.md,
         "Float formats").
+    psum_add_stages : int
+        Registers inside the PSUM's accumulate, 0 to 2 (its FP32 adder cut after the
+        alignment and after the add; the integer sum delayed to match): a result beat is
+        written back ``2 + psum_add_stages`` cycles after the PSUM accepts it, so a matmul
+        retires that much later, and a moving vector that accumulates into a PSUM entry
+        enters the array only ``psum_add_stages + 1`` cycles or more after the last vector
+        into that entry (a sum cannot be forwarded unfinished; back-to-back matmuls into
+        the same entries wait only when they have at most ``psum_add_stages`` vectors).
+        For an FPGA build with float formats (docs/fpga.md, "Float formats").
     fast_weight_load : int
         0, 1 or 2. 1 writes each stationary column into the array's idle weight bank row by
         row, skewed like the moving vectors (row ``k`` ``k`` cycles after row 0), so a load
@@ -142,7 +160,9 @@ class Config:
     pe_multiply_stages: int = 0
     pe_add_stages: int = 0
     activation_input_stages: int = 0
+    activation_multiply_stages: int = 0
     activation_add_stages: int = 0
+    psum_add_stages: int = 0
     fast_weight_load: int = 0
     acc_bits: int
     moving_max: int
@@ -223,8 +243,11 @@ class Config:
                  "adds of several products a cycle are not pipelined")
         rule("activation_input_stages", 0 <= self.activation_input_stages <= 1,
              "must be 0 or 1")
+        rule("activation_multiply_stages", 0 <= self.activation_multiply_stages <= 1,
+             "must be 0 or 1")
         rule("activation_add_stages", 0 <= self.activation_add_stages <= 2,
              "must be between 0 and 2")
+        rule("psum_add_stages", 0 <= self.psum_add_stages <= 2, "must be between 0 and 2")
         rule("fast_weight_load", 0 <= self.fast_weight_load <= 2, "must be 0, 1 or 2")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "
@@ -370,7 +393,8 @@ class Config:
 _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
     "pe_multiply_stages": int, "pe_add_stages": int, "activation_input_stages": int,
-    "activation_add_stages": int, "fast_weight_load": int,
+    "activation_multiply_stages": int,
+    "activation_add_stages": int, "psum_add_stages": int, "fast_weight_load": int,
     "acc_bits": int, "moving_max": int,
     "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
     "psum_banks": int, "psum_bank_entries": int,

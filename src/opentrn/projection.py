@@ -399,8 +399,8 @@ def activation_cycles(config, elements, *, passes=1, cores=1):
     engines of ``cores`` cores: each pass is ``ceil(elements / pe_cols)`` vectors, split over
     the cores, in instructions of at most ``moving_max`` vectors, each ``n +
     cycle_model.activate_overhead(config)`` cycles (``n + 7`` to retire, docs/architecture.md,
-    a cycle more with each of ``activation_input_stages`` and ``activation_add_stages``, and
-    the cycle the next is handed over in)."""
+    a cycle more with each of ``activation_input_stages``, ``activation_multiply_stages``
+    and ``activation_add_stages``, and the cycle the next is handed over in)."""
     vectors = -(-elements // config.pe_cols)
     per_core = -(-vectors // cores)
     instructions = -(-per_core // config.moving_max)

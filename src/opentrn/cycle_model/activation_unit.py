@@ -10,9 +10,10 @@ _OUT_BYTES = {code: numerics.format_of_code(code).bytes for code in range(8)}
 
 def activate_overhead(config):
     """Cycles of an ACTIVATE beyond its vectors: hand-over to retire (docs/architecture.md:
-    ``n + 7 + activation_input_stages + activation_add_stages``), and the cycle the next one
+    ``n + 3 +`` the engine's stages, ``n + 7`` with none of ``activation_input_stages``,
+    ``activation_multiply_stages``, ``activation_add_stages``), and the cycle the next one
     is handed over in."""
-    return 7 + config.activation_input_stages + config.activation_add_stages + 1
+    return 3 + activation_stages(config) + 1
 
 
 class _ActivationUnitModel:

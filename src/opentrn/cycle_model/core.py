@@ -4,7 +4,7 @@ programs on it."""
 
 
 from opentrn import isa, timeline
-from opentrn.golden import tensor_engine
+from opentrn.golden import psum, tensor_engine
 from opentrn.hdl.activation_engine import stages as activation_stages
 from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
 from opentrn.hdl.axi4 import BOUNDARY_BYTES
@@ -98,7 +98,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             [act_psum_read, dma_buffer_request and src_space == _PSUM])
         sbuf_write = self.sbuf_writes.grant(
             [self.act_write_valid, dma_have and dst_space == _SBUF])
-        psum_dma_write = dma_have and dst_space == _PSUM and not self.te_wrote
+        psum_dma_write = dma_have and dst_space == _PSUM and self._psum_write_free()
         ar_valids = [dma_arvalid] + [s.ar_valid for s in seqs]
         ar = self.ar.grant(ar_valids)
 
@@ -183,7 +183,8 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             first = matmuls.col == 0
             scale_ready = (not job["mx"]) or self.scales["matmul"].stored != 0
             valid = (matmuls.stored != 0 and scale_ready
-                     and (not first or self.results_fifo < self.latency + 1))
+                     and (not first or self.results_fifo < self.latency + 1)
+                     and not self._psum_hazard(job, matmuls.col))
             swap = first and job["swap"]
             ready = (swap and self.pending != 0) or (not swap and self.active_valid)
             if valid and ready:
@@ -434,7 +435,7 @@ def upper_bound(config, hbm, programs, *, latency=0):
     if not isinstance(latency, int) or latency < 0:
         raise ValueError(f"latency={latency!r}: must be a non-negative integer (cycles)")
     bus = config.dma_bus_bytes
-    array = tensor_engine.latency(config) + 1
+    array = tensor_engine.latency(config) + psum.write_cycles(config) - 1
     # Fetch (a word in beats, the HBM's answer) and issue (assemble, check, hand over).
     issue = 2 * (isa.WORD_BYTES // min(bus, isa.WORD_BYTES)) + HBM_READ_CYCLES + latency + 8
     hbm = bytes(hbm)
@@ -463,7 +464,8 @@ def upper_bound(config, hbm, programs, *, latency=0):
             elif opcode == isa.Opcode.LOAD_STATIONARY:
                 total += f["cols"] + array
             elif opcode == isa.Opcode.MATMUL:
-                total += f["n"] + array
+                # With psum_add_stages its first vectors may wait that long for the PSUM.
+                total += f["n"] + array + config.psum_add_stages
             elif opcode == isa.Opcode.ACTIVATE:
                 total += f["n"] + activate_overhead(config) + activation_stages(config)
             offset += isa.instruction_bytes(opcode)

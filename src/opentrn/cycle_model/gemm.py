@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 
 from opentrn import isa, numerics, schedule
-from opentrn.golden import tensor_engine
+from opentrn.golden import psum, tensor_engine
 from opentrn.hdl.dma import QUEUE_DEPTH as DMA_QUEUE_DEPTH
 from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
 from opentrn.isa import Engine
@@ -306,7 +306,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # At start each sequencer fetches two bursts ahead; the first data follows them.
     burst_beats = FETCH_BUFFER_BYTES // W // 2
     start = 2 * len(Engine) * burst_beats * word_cycles + HBM_READ_CYCLES + issue
-    drain = tensor_engine.latency(config) + 2           # the last results into the PSUM
+    drain = tensor_engine.latency(config) + psum.write_cycles(config)   # into the PSUM
 
     # Throughput: step i computes while the DMA fetches step i + 1 and stores step i - 1
     # (the DMA engine's time; its reads share the read channel with the instruction

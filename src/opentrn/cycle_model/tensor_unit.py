@@ -116,8 +116,15 @@ class _TensorUnitModel:
                             + LOAD_JOBS + MATMUL_JOBS)
         self.loads_done = 0
         self.matmuls_done = 0
-        self.matmul_done = False
-        self.te_wrote = False           # a result was written last cycle (PSUM stage 1)
+        # The PSUM writes a result back 1 + psum_add_stages cycles after it takes it: per
+        # cycle of that span, oldest first, whether a matmul's last result / any result was
+        # taken (the completion and the DMA's PSUM write wait for the write-back).
+        stages = config.psum_add_stages
+        self.last_taken = deque([False] * (1 + stages))
+        self.te_taken = deque([False] * (1 + stages))
+        # The PSUM entries the vectors of the last psum_add_stages cycles went to (None: no
+        # vector), oldest first: a vector that accumulates waits while its entry is there.
+        self.entered = deque([None] * stages)
 
     def _load_ready(self, cycle):
         """The array takes a load beat in ``cycle`` (hdl/tensor_engine.py
@@ -125,6 +132,16 @@ class _TensorUnitModel:
         if self.pending == self.banks - 1:
             return False
         return cycle >= self.free_from[(self.active + 1 + self.pending) % self.banks]
+
+    def _psum_hazard(self, job, col):
+        """Vector ``col`` of matmul ``job`` accumulates into a PSUM entry a vector of the
+        last ``psum_add_stages`` cycles went to (hdl/tensor_unit.py ``hazard``)."""
+        return bool(job["accumulate"]) and (job["bank"], job["entry"] + col) in self.entered
+
+    def _psum_write_free(self):
+        """The PSUM's write port is free for the DMA this cycle: no result is written back
+        (taken ``1 + psum_add_stages`` cycles ago)."""
+        return not self.te_taken[0]
 
     def _tensor_ready(self, ins):
         if len(self.order) >= self.order_depth:
@@ -151,7 +168,9 @@ class _TensorUnitModel:
         else:
             self.matmuls.queue.append(_place(f["sbuf_offset"], f["n"], size, width, seq,
                                              mx=fmt.mx, swap=self.load_pending,
-                                             macs=self.tile_macs))
+                                             macs=self.tile_macs, bank=f["psum_bank"],
+                                             entry=f["psum_entry"],
+                                             accumulate=f["accumulate"]))
             if fmt.mx:
                 self.scales["matmul"].queue.append(_place(f["scale_offset"], f["n"], 0,
                                                           width, seq))
@@ -198,6 +217,7 @@ class _TensorUnitModel:
         mm_job = matmuls.queue[0] if matmuls.queue else None
         mm_first = mm_take and matmuls.col == 0
         mm_last = mm_take and matmuls.col == mm_job["count"] - 1
+        mm_entry = (mm_job["bank"], mm_job["entry"] + matmuls.col) if mm_take else None
         load_mx = bool(loads.queue) and loads.queue[0]["mx"]
         mm_mx = mm_job is not None and mm_job["mx"]
         # (take, finish) of each reader, in the order of self.readers: a path's scale
@@ -240,9 +260,13 @@ class _TensorUnitModel:
         if retire:
             self.order.popleft()
         self.loads_done += load_finish - (retire and head_is_load)
-        self.matmuls_done += self.matmul_done - (retire and not head_is_load)
-        self.matmul_done = te_write_last
-        self.te_wrote = te_write
+        self.matmuls_done += self.last_taken.popleft() - (retire and not head_is_load)
+        self.last_taken.append(te_write_last)
+        self.te_taken.popleft()
+        self.te_taken.append(te_write)
+        if self.entered:
+            self.entered.popleft()
+            self.entered.append(mm_entry)
 
     def _reader_commit(self, reader, granted, response, take, finish):
         """One column reader's clock edge: ``granted`` its request, ``response`` its word
