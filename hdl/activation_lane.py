@@ -7,6 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 
+from .delay_line import delayed
 from .fp_adder import MAX_STAGES as FP_ADDER_MAX_STAGES
 from .fp_adder import FPAdder
 from .fp_cast import FPCast
@@ -102,15 +103,6 @@ class ActivationLane(wiring.Component):
     def _register(self, shape, name):
         return Signal(shape, name=name, reset_less=True)
 
-    def _delayed(self, m, value, name, stages):
-        """``value`` through ``stages`` registers that move with ``advance``."""
-        for stage in range(stages):
-            delayed = self._register(value.shape(), f"{name}_stage{stage}")
-            with m.If(self.advance):
-                m.d.sync += delayed.eq(value)
-            value = delayed
-        return value
-
     def _integer_path(self, m, x):
         """Stages 1 to 4 of the integer path from ``x``; returns the stage 4 value
         (saturated)."""
@@ -139,12 +131,13 @@ class ActivationLane(wiring.Component):
             # multiplier does not toggle.
             m.d.sync += product.eq(Mux(self.is_float, 0, x) * self.multiplier)
         # multiply_stages more registers (the float path's multiplier is cut as often).
-        product = self._delayed(m, product, "product", self._multiply_stages)
+        product = delayed(m, product, self._multiply_stages, name="product",
+                          enable=self.advance)
         with m.If(self.advance):
             # Stage 2: plus the bias, exact (one bit wider); add_stages more registers
             # follow (the float path's adder is cut as many times).
             m.d.sync += pre.eq(product + Mux(self.is_float, 0, self.bias))
-        pre = self._delayed(m, pre, "pre", self._add_stages)
+        pre = delayed(m, pre, self._add_stages, name="pre", enable=self.advance)
         with m.If(self.advance):
             # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to even
             # from the bits shifted out: the guard bit (weight 2**(shift-1), the "half"), and

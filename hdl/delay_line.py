@@ -1,13 +1,29 @@
 """A delay line of programmable length that advances with an enable: the skew and de-skew
-of the systolic array."""
+of the systolic array; and :func:`delayed`, a short fixed delay as a chain of registers."""
 
-from amaranth import Module, Mux, Signal, unsigned
+from amaranth import Module, Mux, Signal, Value, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-__all__ = ["DelayLine"]
+__all__ = ["DelayLine", "delayed"]
+
+
+def delayed(m, value, count, *, name, enable=None, reset_less=True):
+    """``value`` through ``count`` registers in ``m`` (``value`` itself for 0), named
+    ``{name}_stage0`` on, that advance while ``enable`` is high (every cycle without one):
+    the pipeline stages' short delays, where :class:`DelayLine` serves long ones."""
+    value = Value.cast(value)
+    for stage in range(count):
+        register = Signal(value.shape(), name=f"{name}_stage{stage}", reset_less=reset_less)
+        if enable is None:
+            m.d.sync += register.eq(value)
+        else:
+            with m.If(enable):
+                m.d.sync += register.eq(value)
+        value = register
+    return value
 
 
 class DelayLine(wiring.Component):

@@ -1,11 +1,12 @@
 """One processing element (PE) of the weight-stationary systolic array."""
 
-from amaranth import Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from opentrn import numerics
 
+from .delay_line import delayed
 from .fp_adder import MAX_STAGES as FP_ADDER_MAX_STAGES
 from .fp_adder import FPAdder
 from .fp_multiplier import MAX_STAGES as FP_MULTIPLIER_MAX_STAGES
@@ -299,13 +300,8 @@ class ProcessingElement(wiring.Component):
     def _delayed(self, m, value, name, stages=None):
         """``value`` through ``stages`` (default ``multiply_stages``) registers that advance
         with ``enable`` (``value`` itself with none)."""
-        value = Value.cast(value)
-        for stage in range(self._stages if stages is None else stages):
-            register = Signal(value.shape(), name=f"{name}_stage{stage}", reset_less=True)
-            with m.If(self.enable):
-                m.d.sync += register.eq(value)
-            value = register
-        return value
+        return delayed(m, value, self._stages if stages is None else stages, name=name,
+                       enable=self.enable)
 
     def _float_lanes(self, m, weight, weight_scale):
         """The float path: a multiplier and an adder per lane, the adders chained in lane

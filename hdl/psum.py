@@ -8,6 +8,7 @@ from amaranth.utils import exact_log2
 
 from opentrn import numerics
 
+from .delay_line import delayed
 from .fp_adder import FPAdder
 from .partitioned_memory import (
     PartitionedMemory,
@@ -206,14 +207,6 @@ class PSUM(wiring.Component):
         # needs waits as long (reset-less: only the valid bit must start clear).
         stages = cfg.psum_add_stages
 
-        def delayed(value, name):
-            for stage in range(stages):
-                register = Signal.like(value, name=f"{name}_stage{stage + 2}",
-                                       reset_less=name != "valid")
-                m.d.sync += register.eq(value)
-                value = register
-            return value
-
         merged = [entry_bits_of(memory.direct_read.data[p], s1_slot)
                   for p in range(partitions)]
         fp_sum = None
@@ -258,11 +251,11 @@ class PSUM(wiring.Component):
             plain_values.append(new)
         m.d.comb += plain.eq(Cat(*plain_values))
 
-        write_valid = delayed(s1_valid, "valid")
-        write_word = delayed(s1_word, "word")
-        write_strobe = delayed(strobe, "strobe")
-        write_plain = delayed(plain, "plain")
-        write_use_sum = delayed(s1_use_sum, "use_sum") if floats else None
+        write_valid = delayed(m, s1_valid, stages, name="valid", reset_less=False)
+        write_word = delayed(m, s1_word, stages, name="word")
+        write_strobe = delayed(m, strobe, stages, name="strobe")
+        write_plain = data.View(_values_shape(cfg), delayed(m, plain, stages, name="plain"))
+        write_use_sum = delayed(m, s1_use_sum, stages, name="use_sum") if floats else None
         write = memory.priority_write
         m.d.comb += [write.valid.eq(write_valid), write.payload.word.eq(write_word)]
         written = []

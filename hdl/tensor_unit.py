@@ -11,6 +11,7 @@ from opentrn import isa, numerics
 
 from . import psum, sbuf
 from .column_buffer import ColumnBuffer
+from .delay_line import delayed
 from .hierarchy import shared
 from .params import refusing
 from .partitioned_memory import (
@@ -756,11 +757,8 @@ class TensorUnit(wiring.Component):
                     m.d.comb += write.payload.data[col].eq(engine.result.payload.data[col])
         written = write.valid & write.ready
         # The last beat was accepted 1 + psum_add_stages cycles ago: written back last cycle.
-        matmul_done = written & engine.result.payload.last
-        for ago in range(1, 2 + cfg.psum_add_stages):
-            was_done = Signal(name=f"matmul_done_{ago}_ago")
-            m.d.sync += was_done.eq(matmul_done)
-            matmul_done = was_done
+        matmul_done = delayed(m, written & engine.result.payload.last,
+                              1 + cfg.psum_add_stages, name="matmul_done", reset_less=False)
         with m.If(written):
             with m.If(engine.result.payload.last):
                 m.d.sync += result_index.eq(0)

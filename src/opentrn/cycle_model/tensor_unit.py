@@ -136,7 +136,8 @@ class _TensorUnitModel:
     def _psum_hazard(self, job, col):
         """Vector ``col`` of matmul ``job`` accumulates into a PSUM entry a vector of the
         last ``psum_add_stages`` cycles went to (hdl/tensor_unit.py ``hazard``)."""
-        return bool(job["accumulate"]) and (job["bank"], job["entry"] + col) in self.entered
+        return (bool(self.entered) and bool(job["accumulate"])
+                and (job["bank"], job["entry"] + col) in self.entered)
 
     def _psum_write_free(self):
         """The PSUM's write port is free for the DMA this cycle: no result is written back
