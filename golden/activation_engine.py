@@ -209,7 +209,7 @@ PIPELINE_STAGES = ("multiply", "add bias", "shift (guard and sticky bits) (float
 def latency(config):
     """Cycles from an input beat's transfer to its output beat, the output always ready:
     one per pipeline stage (4), after ``config.activation_input_stages`` registers of the
-    input (0 or 1), with ``config.activation_multiply_stages`` in the multiply (0 or 1) and
-    ``config.activation_add_stages`` in the bias add (0 to 2), on every path."""
+    input (0 to 2), with ``config.activation_multiply_stages`` in the multiply (0 to 2) and
+    ``config.activation_add_stages`` in the bias add (0 to 4), on every path."""
     return (len(PIPELINE_STAGES) + config.activation_input_stages
             + config.activation_multiply_stages + config.activation_add_stages)

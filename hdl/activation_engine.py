@@ -118,9 +118,10 @@ class ActivationEngine(wiring.Component):
 
     Pipeline (``STAGES`` = 4 registers): multiply; add the bias; arithmetic shift with the
     guard and sticky bits (float: the function); round, function and saturate (float: the
-    cast) into the output register; before them ``config.activation_input_stages`` (0 or
-    1) registers of the lanes' input, in the multiply ``config.activation_multiply_stages``
-    (0 or 1) more (inside the FP32 multiplier; the integer product waits as long), and in
+    cast) into the output register; before them ``config.activation_input_stages`` (0 to
+    2) registers of the lanes' input (:class:`~opentrn.hdl.activation_lane.ActivationLane`),
+    in the multiply ``config.activation_multiply_stages``
+    (0 to 2) more (inside the FP32 multiplier; the integer product waits as long), and in
     the bias add ``config.activation_add_stages`` more (inside the FP32 adder; the integer
     sum waits as long). A vector accepted in cycle
     ``c`` is on ``output`` in cycle ``c +`` :func:`stages` ``(config)``; one vector per

@@ -28,16 +28,20 @@ class ActivationLane(wiring.Component):
     engine is one shared block (:mod:`opentrn.hdl.hierarchy`).
 
     ``integer`` builds the integer path (a build with int8), ``float_outputs`` the float
-    path's output formats (empty: no float path); ``input_stages`` (0 or 1) adds a stage in
-    front of both multiplies (``Config.activation_input_stages``): the integer path
+    path's output formats (empty: no float path); ``input_stages`` (0 to 2) adds stages in
+    front of both multiplies (``Config.activation_input_stages``). With 1 the integer path
     registers ``x``, so its multiply starts from flip-flops; the float path's multiplier is
     cut after its significand product instead
     (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
     operands' decode and multiply and the normalization and rounding take a cycle each.
-    ``multiply_stages`` (0 or 1, ``Config.activation_multiply_stages``) cuts the float
-    path's multiplier once more (after its normalization, or with no input stage after the
-    significand product) and delays the integer path's product as long.
-    ``add_stages`` (0 to 2, ``Config.activation_add_stages``) cut the float path's FP32
+    With 2 the float path registers ``x`` too (the choice of the input, outside the lane,
+    and the operand's decode and multiply then take a cycle each), and the integer path
+    delays its register of ``x`` a cycle to match.
+    ``multiply_stages`` (0 to 2, ``Config.activation_multiply_stages``) cut the float
+    path's multiplier that many times more (after its normalization, then after its
+    subnormal shift; with no input stage after the significand product first) and delay
+    the integer path's product as long.
+    ``add_stages`` (0 to 4, ``Config.activation_add_stages``) cut the float path's FP32
     adder (:class:`~opentrn.hdl.fp_adder.FPAdder` ``stages``) and delay the integer path's
     sum with the bias as long.
 
@@ -58,10 +62,10 @@ class ActivationLane(wiring.Component):
 
     def __init__(self, *, acc_bits, integer, float_outputs, shift_limit, out_bits,
                  int8_range, input_stages=0, multiply_stages=0, add_stages=0):
-        if input_stages not in (0, 1):
-            raise ValueError(f"input_stages must be 0 or 1, not {input_stages!r}")
-        if multiply_stages not in (0, 1):
-            raise ValueError(f"multiply_stages must be 0 or 1, not {multiply_stages!r}")
+        if input_stages not in (0, 1, 2):
+            raise ValueError(f"input_stages must be 0, 1 or 2, not {input_stages!r}")
+        if multiply_stages not in (0, 1, 2):
+            raise ValueError(f"multiply_stages must be 0, 1 or 2, not {multiply_stages!r}")
         if add_stages not in range(FP_ADDER_MAX_STAGES + 1):
             raise ValueError(f"add_stages must be from 0 to {FP_ADDER_MAX_STAGES}, "
                              f"not {add_stages!r}")
@@ -85,11 +89,7 @@ class ActivationLane(wiring.Component):
         m = Module()
         int_result = Const(0, signed(self._out_bits))
         if self._integer:
-            x = self.x
-            if self._input_stages:
-                x = self._register(signed(self._acc_bits), "x")
-                with m.If(self.advance):
-                    m.d.sync += x.eq(self.x)
+            x = delayed(m, self.x, self._input_stages, name="x", enable=self.advance)
             int_result = self._integer_path(m, x)
         result = int_result
         if self._floats:
@@ -117,10 +117,13 @@ class ActivationLane(wiring.Component):
         pre = self._register(signed(pre_bits), "pre")
         quotient = self._register(signed(pre_bits), "quotient")
         round_up = self._register(1, "round_up")
-        # The helpers of stages 3 and 4 are assigned inside ``If(advance)``, next to the
-        # registers that read them (and nothing else does), so that Yosys writes them as
-        # processes rather than nets of continuous assignments, which Icarus re-propagates
-        # bit by bit.
+        # The helpers of stages 3 and 4 are assigned under a condition, so that Yosys
+        # writes them as processes rather than nets of continuous assignments, which Icarus
+        # re-propagates bit by bit. The condition is the operation's path (held for the
+        # whole operation; the float path does not read them), not ``advance``: under
+        # ``advance`` the engine's back-pressure, which comes from the SBUF's write grant,
+        # ran through the rounding's carry chain into the output register (an FPGA build's
+        # critical path) instead of only enabling the registers.
         guard_shifted = Signal(signed(pre_bits + 1))
         below_guard = Signal(pre_bits)
         rounded = Signal(signed(pre_bits + 1))
@@ -138,7 +141,8 @@ class ActivationLane(wiring.Component):
             # follow (the float path's adder is cut as many times).
             m.d.sync += pre.eq(product + Mux(self.is_float, 0, self.bias))
         pre = delayed(m, pre, self._add_stages, name="pre", enable=self.advance)
-        with m.If(self.advance):
+        integer = ~self.is_float
+        with m.If(integer):
             # Stage 3: q = floor(pre / 2**shift) by an arithmetic shift. Round half to even
             # from the bits shifted out: the guard bit (weight 2**(shift-1), the "half"), and
             # the sticky bit (any bit below it): round up when the remainder is above half
@@ -152,11 +156,12 @@ class ActivationLane(wiring.Component):
                 # bits below the guard (none for shift 0 or 1).
                 below_guard.eq(~(ones << self.shift)[1:pre_bits + 1]),
             ]
-            guard = guard_shifted[0]
-            sticky = (pre.as_unsigned() & below_guard).any()
-            q = pre >> self.shift
+        guard = guard_shifted[0]
+        sticky = (pre.as_unsigned() & below_guard).any()
+        q = pre >> self.shift
+        with m.If(self.advance):
             m.d.sync += [quotient.eq(q), round_up.eq(guard & (sticky | q[0]))]
-
+        with m.If(integer):
             # Stage 4: round, the function, saturate to the output format.
             m.d.comb += [
                 rounded.eq(quotient + round_up),
@@ -170,7 +175,8 @@ class ActivationLane(wiring.Component):
         and its cast; returns the stage 4 value of the operation's path (the float code or
         ``int_result``)."""
         fp32 = numerics.data_format("fp32").code
-        multiply_stages = self._input_stages + self._multiply_stages
+        # The first input stage cuts the multiplier; the second is a register of its input.
+        multiply_stages = min(self._input_stages, 1) + self._multiply_stages
         m.submodules.fp_multiplier = multiplier = FPMultiplier(
             formats=("fp32",), lanes=1, stages=multiply_stages)
         if multiply_stages:
@@ -188,9 +194,12 @@ class ActivationLane(wiring.Component):
         # whose other operand, the bias, is held for the whole operation (not gated: the
         # decode of the operation's path in front of its alignment was an FPGA build's
         # critical path).
+        operand = Mux(self.is_float, x[:32], 0)
+        if self._input_stages == 2:
+            operand = delayed(m, operand, 1, name="fp_x", enable=self.advance)
         m.d.comb += [
             multiplier.format.eq(fp32),
-            multiplier.a[0].eq(Mux(self.is_float, x[:32], 0)),
+            multiplier.a[0].eq(operand),
             multiplier.b[0].eq(Mux(self.is_float, self.multiplier.as_unsigned(), 0)),
             adder.a[0].eq(product),
             adder.b[0].eq(self.bias.as_unsigned()),

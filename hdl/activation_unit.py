@@ -24,7 +24,7 @@ from .partitioned_memory import (
     vector_write_layout,
 )
 
-__all__ = ["ActivationUnit", "READ_LATENCY", "INPUT_SLOTS"]
+__all__ = ["ActivationUnit", "READ_LATENCY", "INPUT_SLOTS", "WRITE_SLOTS"]
 
 #: Cycles from a read request's transfer to its response (PSUM and SBUF ``act_read``).
 READ_LATENCY = 1
@@ -35,6 +35,11 @@ READ_LATENCY = 1
 INPUT_SLOTS = READ_LATENCY + 2
 #: Bytes of a bias value (an int32, or FP32 on the float path), and of the widest result.
 INT32_BYTES = 4
+#: Completed words the unit holds for the SBUF's write port. With two, whether the engine
+#: may hand over a result depends on registers only (a slot is free), not on this cycle's
+#: write grant: the grant, which comes from the DMA's side of the SBUF arbitration, stops
+#: at the queue's count and pointer instead of running on into the engine's pipeline.
+WRITE_SLOTS = 2
 
 
 def _check_config(config):
@@ -134,9 +139,10 @@ class ActivationUnit(wiring.Component):
 
     Flow control. A read is requested only while an input buffer slot is free for its
     response (``INPUT_SLOTS``: one read per cycle is sustained), since responses cannot be
-    refused. Results are merged in an assembly register and handed to a separate write
-    register, so the engine stalls only when a completed word waits for ``sbuf_write.ready``
-    while the previous write has not been granted.
+    refused. Results are merged in an assembly register and completed words queued for
+    ``sbuf_write`` (``WRITE_SLOTS`` words, the head the write's payload), so the engine
+    stalls only when a result completes a word while the queue is full (as of the cycle
+    before: the write grant reaches the queue's count, not the engine).
 
     Between instructions the unit drains: the next instruction is accepted only once the
     previous one has retired, so the engine params never change under vectors in flight.
@@ -238,11 +244,17 @@ class ActivationUnit(wiring.Component):
         in_index = Signal(range(cfg.moving_max))
         in_byte = Signal(byte_bits)
         # Result side: the next result's index and SBUF byte address; the word being
-        # assembled; the write register's "last of the instruction" flag.
+        # assembled; the write queue (completed words, each with its "last of the
+        # instruction" flag; the head is the write port's payload).
         out_index = Signal(range(cfg.moving_max))
         out_address = Signal(range(cfg.sbuf_bytes_per_partition + 1))
         assembly_strobe = Signal(width)
-        write_last = Signal()
+        write_layout = self.sbuf_write.payload.shape()
+        slots = [Signal(write_layout, name=f"write_slot_{i}") for i in range(WRITE_SLOTS)]
+        slot_lasts = [Signal(name=f"write_slot_{i}_last") for i in range(WRITE_SLOTS)]
+        write_head = Signal(range(WRITE_SLOTS))
+        write_tail = Signal(range(WRITE_SLOTS))
+        write_count = Signal(range(WRITE_SLOTS + 1))
         # Bytes of one result, decoded once per instruction; the index of its last vector.
         result_bytes = Signal(range(INT32_BYTES + 1))
         last_index = Signal(range(cfg.moving_max))
@@ -274,6 +286,13 @@ class ActivationUnit(wiring.Component):
         psum_req = self.psum_read.request
         psum_resp = self.psum_read.response
         write = self.sbuf_write
+        write_last = Signal()
+        head_payload, head_last = slots[0], slot_lasts[0]
+        for index in range(1, WRITE_SLOTS):
+            head_payload = Mux(write_head == index, slots[index], head_payload)
+            head_last = Mux(write_head == index, slot_lasts[index], head_last)
+        m.d.comb += [write.valid.eq(write_count != 0), write.payload.eq(head_payload),
+                     write_last.eq(head_last)]
         retire = write.valid & write.ready & write_last
         m.d.comb += self.retire.eq(retire)
 
@@ -380,10 +399,9 @@ class ActivationUnit(wiring.Component):
             m.d.sync += head.eq(Mux(head == INPUT_SLOTS - 1, 0, head + 1))
         m.d.sync += level.eq(level + push - pop)
 
-        # -- engine -> assembly register -> write register -------------------------------
+        # -- engine -> assembly register -> write queue ----------------------------------
         position = out_address[:byte_bits]
-        write_free = ~write.valid | write.ready
-        m.d.comb += result.ready.eq(~complete | write_free)
+        m.d.comb += result.ready.eq(~complete | (write_count != WRITE_SLOTS))
         enable = Signal(width)
         m.d.comb += enable.eq(Mux(result_bytes == INT32_BYTES, 0b1111,
                                   Mux(result_bytes == 2, 0b11, 0b1)) << position)
@@ -396,22 +414,29 @@ class ActivationUnit(wiring.Component):
         merged = [block.merged for block in lane_blocks]
         merged_strobe = assembly_strobe | enable
 
-        with m.If(write.valid & write.ready):
-            m.d.sync += write.valid.eq(0)
+        push = Signal()
+        pop = Signal()
+        m.d.comb += [push.eq(result.valid & result.ready & complete),
+                     pop.eq(write.valid & write.ready)]
+        m.d.sync += write_count.eq(write_count + push - pop)
+        with m.If(pop):
+            m.d.sync += write_head.eq(Mux(write_head == WRITE_SLOTS - 1, 0, write_head + 1))
         with m.If(result.valid & result.ready):
             next_address = out_address + result_bytes
             m.d.sync += [out_index.eq(out_index + 1), out_address.eq(next_address),
                          complete.eq(completes(next_address, result_bytes, out_index + 1,
                                                last_index))]
             with m.If(complete):
-                m.d.sync += [
-                    write.valid.eq(1),
-                    write.payload.word.eq(out_address >> byte_bits),
-                    write_last.eq(out_index == last_index),
-                    assembly_strobe.eq(0),
-                ]
-                m.d.sync += [write.payload.data.eq(Cat(merged)),
-                             write.payload.strobe.eq(merged_strobe.replicate(lanes))]
+                m.d.sync += [write_tail.eq(Mux(write_tail == WRITE_SLOTS - 1, 0, write_tail + 1)),
+                             assembly_strobe.eq(0)]
+                for index, (slot, slot_last) in enumerate(zip(slots, slot_lasts, strict=True)):
+                    with m.If(write_tail == index):
+                        m.d.sync += [
+                            slot.word.eq(out_address >> byte_bits),
+                            slot.data.eq(Cat(merged)),
+                            slot.strobe.eq(merged_strobe.replicate(lanes)),
+                            slot_last.eq(out_index == last_index),
+                        ]
             with m.Else():
                 m.d.sync += assembly_strobe.eq(merged_strobe)
         return m

@@ -24,8 +24,9 @@ _GRS = 3                                 # guard, round and sticky bits below th
 _WIDE = _SIG + _GRS                      # aligned significands (27); the sum has one more bit
 
 
-#: The most registers :class:`FPAdder` can be cut by (after the alignment, after the add).
-MAX_STAGES = 2
+#: The most registers :class:`FPAdder` can be cut by (after the alignment, after the add,
+#: after the ordering of the operands, after the normalization: the order they are added in).
+MAX_STAGES = 4
 
 
 def _check(lanes, stages):
@@ -40,7 +41,7 @@ def _check(lanes, stages):
 
 class FPAdder(wiring.Component):
     """``sum = a + b`` in IEEE-754 binary32, per lane, combinational (no clock) unless
-    ``stages`` is 1 or 2.
+    ``stages`` is 1 to 4.
 
     Numerics:
 
@@ -65,10 +66,11 @@ class FPAdder(wiring.Component):
     pack, with the special cases (NaN, infinity, zero) selected last.
 
     ``stages`` registers (no reset; they advance while ``enable`` is high) cut the datapath:
-    the first after the alignment, the second after the add, so ``sum`` is the sum of the
-    operands of ``stages`` advances ago, and the longest path is the alignment, the add,
-    or the normalization and rounding rather than all three (a processing element's
-    accumulate, ``Config.pe_add_stages``).
+    the first after the alignment, the second after the add, the third after the ordering
+    (so that the 31-bit compare and the swap and the alignment's shift are in different
+    cycles), the fourth after the normalization (so that the leading-zero count and shift
+    and the rounding's carry are). ``sum`` is the sum of the operands of ``stages`` advances
+    ago (a processing element's accumulate, ``Config.pe_add_stages``).
 
     Members
     -------
@@ -79,7 +81,7 @@ class FPAdder(wiring.Component):
     sum : ``Out(data.ArrayLayout(unsigned(32), lanes))``
         FP32 code of ``a + b``, lane by lane.
     enable : ``In(1)``
-        Advance the registers (only with ``stages`` 1 or 2).
+        Advance the registers (only with ``stages`` 1 to 4).
     """
 
     def __init__(self, *, lanes, stages=0):
@@ -124,7 +126,8 @@ class FPAdder(wiring.Component):
 
     def _stage(self, m, number, values, prefix):
         """``values`` (a dict of name to Value) after cut ``number`` (1: the alignment, 2: the
-        add): registered if the adder has that many stages, else themselves."""
+        add, 3: the ordering, 4: the normalization): registered if the adder has that many
+        stages, else themselves."""
         if number > self._stages:
             return values
         registered = {}
@@ -151,6 +154,8 @@ def _add(m, a, b, prefix, stage):
         x.eq(Mux(swap, b, a)),
         y.eq(Mux(swap, a, b)),
     ]
+    cut = stage(m, 3, {"x": x, "y": y}, prefix)
+    x, y = cut["x"], cut["y"]
     sx, ex, fx = x[31], x[_MAN:31], x[:_MAN]
     sy, ey, fy = y[31], y[_MAN:31], y[:_MAN]
     subtract = signal(1, "subtract")
@@ -216,6 +221,10 @@ def _add(m, a, b, prefix, stage):
         exp_less_one.eq(Mux(carry, ex_eff, room - lshift)),
     ]
 
+    cut = stage(m, 4, {"x_top": cut["x_top"], "nan": cut["nan"], "sx": sx, "sy": sy,
+                       "norm": norm, "exp_less_one": exp_less_one, "zero": raw == 0}, prefix)
+    norm, exp_less_one, sx, sy = cut["norm"], cut["exp_less_one"], cut["sx"], cut["sy"]
+
     # Round to nearest even; a carry out of the fraction goes into the exponent field.
     round_up = norm[_GRS - 1] & (norm[:_GRS - 1].any() | norm[_GRS])
     magnitude = signal(32, "magnitude")
@@ -224,7 +233,7 @@ def _add(m, a, b, prefix, stage):
     infinite = cut["x_top"] | (magnitude >= _INF_MAGNITUDE)    # infinite operand, overflow
     return Mux(cut["nan"], CANONICAL_NAN32,
                Mux(infinite, Cat(Const(_INF_MAGNITUDE, 31), sx),
-                   Mux(raw == 0, Cat(Const(0, 31), sx & sy),
+                   Mux(cut["zero"], Cat(Const(0, 31), sx & sy),
                        Cat(magnitude[:31], sx))))
 
 

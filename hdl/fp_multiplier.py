@@ -23,8 +23,8 @@ _E_BITS = 12            # signed exponent of the product: -553 .. 509 for every 
 _WINDOW_MIN = 26        # 24 kept bits, the guard bit, one sticky bit
 _SHIFT_MAX = 25         # a right shift of 25 or more leaves nothing above the guard bit
 #: Registers the datapath can be cut by: after the significand product, after the
-#: normalization.
-MAX_STAGES = 2
+#: normalization, after the subnormal shift.
+MAX_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def _product_exponent_range(fmt):
 class FPMultiplier(wiring.Component):
     """``lanes`` independent multipliers: ``product[i] = a[i] * b[i]`` (times
     ``2**(scale_a[i] + scale_b[i] - 254)`` for the MX formats), combinational (no clock)
-    unless ``stages`` is 1 or 2.
+    unless ``stages`` is 1 to 3.
 
     Numerics (both operands in the format ``format`` selects; the result IEEE-754 binary32):
 
@@ -90,7 +90,9 @@ class FPMultiplier(wiring.Component):
     normalization too (the normalized product, its exponent and the special cases): the
     product is that of the operands of two advances ago, and the subnormal shift and the
     rounding take the third cycle (the activation lanes' FP32 multiply with
-    ``Config.activation_multiply_stages``).
+    ``Config.activation_multiply_stages``). ``stages = 3`` cuts it after the subnormal
+    shift as well (the rounding's add and the overflow and special cases' selects then
+    have a cycle of their own).
 
     Members
     -------
@@ -104,7 +106,7 @@ class FPMultiplier(wiring.Component):
     product : ``Out(data.ArrayLayout(unsigned(32), lanes))``
         FP32 codes of the products.
     enable : ``In(1)``
-        Advance the registers (only with ``stages`` 1 or 2).
+        Advance the registers (only with ``stages`` 1 to 3).
     """
 
     def __init__(self, *, formats, lanes=1, stages=0):
@@ -329,6 +331,10 @@ class FPMultiplier(wiring.Component):
             # Exact and normal: pack the fraction below the leading one and E.
             magnitude = Cat(Const(0, man_bits - (width - 1)), q[:width - 1],
                             (e + _FP32.bias)[:_FP32.exp_bits])
+            if self._stages >= 3:
+                special = self._registered(m, special, f"nan_inf_zero{lane}_3")
+                magnitude = self._registered(m, magnitude, f"magnitude{lane}")
+                shared = late[3]
         else:
             window = max(width, _WINDOW_MIN)
             x = Cat(Const(0, window - width), q)
@@ -344,6 +350,15 @@ class FPMultiplier(wiring.Component):
                 exponent = Mux(d.any(), 0, e + _FP32.bias - 1)
             else:
                 y, shifted_out, exponent = x, Const(0), e + _FP32.bias - 1
+            overflow = e > _FP32.max_normal_exp
+            if self._stages >= 3:
+                special = self._registered(m, special, f"nan_inf_zero{lane}_3")
+                y = self._registered(m, y, f"y{lane}")
+                shifted_out = self._registered(m, shifted_out, f"shifted_out{lane}")
+                exponent = self._registered(m, exponent[:_FP32.exp_bits], f"exponent{lane}")
+                if self._need_overflow:
+                    overflow = self._registered(m, overflow, f"overflow{lane}")
+                shared = late[3]
             sig24 = y[window - man_bits - 1:window]
             guard = y[window - man_bits - 2]
             sticky = y[:window - man_bits - 2].any() | shifted_out
@@ -352,8 +367,7 @@ class FPMultiplier(wiring.Component):
             # of the significand steps the exponent (up to infinity, 0x7F800000).
             magnitude = ((exponent[:_FP32.exp_bits] << man_bits) + sig24 + round_up)[:31]
             if self._need_overflow:
-                magnitude = Mux(e > _FP32.max_normal_exp, _FP32.exp_max_field << man_bits,
-                                magnitude)
+                magnitude = Mux(overflow, _FP32.exp_max_field << man_bits, magnitude)
         magnitude = self._wire(m, shared, f"magnitude{lane}", 31, magnitude)
 
         inf_code = _FP32.exp_max_field << man_bits

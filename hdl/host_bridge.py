@@ -189,6 +189,8 @@ class HostBridge(wiring.Component):
         reg_addr, reg_data = fields[:16], fields[16:48]
         mem_word, mem_count, zero_count = fields[:32], fields[32:48], fields[32:64]
         wait_cycles = fields[:32]
+        # The fields' checks, registered in the cycle after their last byte.
+        beyond_memory, bad_count, reg_outside = Signal(), Signal(), Signal()
 
         timer = Signal(range(self._timeout + 1))
         status = Signal(8)
@@ -318,15 +320,23 @@ class HostBridge(wiring.Component):
                 with m.If(~known):
                     drain(Status.UNKNOWN_COMMAND)
                 with m.Elif(field_index == field_count):
+                    # The fields are complete: their checks registered for CHECK (the
+                    # range's 33-bit sum and compares, in front of the reply's registers,
+                    # were the board build's critical path).
+                    words_end = Signal(33)
+                    m.d.comb += words_end.eq(mem_word + Mux(command == Command.MEM_ZERO,
+                                                            zero_count, mem_count))
+                    m.d.sync += [
+                        beyond_memory.eq(words_end > self._memory_words),
+                        bad_count.eq((mem_count == 0) | (mem_count > self._max_words)),
+                        reg_outside.eq(reg_addr >> self._reg_addr_width != 0),
+                    ]
                     m.next = "CHECK"
                 with m.Else():
                     receive(take_field)
 
             with m.State("CHECK"):
-                # The fields are complete: refuse them, or start the command.
-                words_end = Signal(33)
-                m.d.comb += words_end.eq(mem_word + Mux(command == Command.MEM_ZERO,
-                                                        zero_count, mem_count))
+                # Refuse the fields, or start the command.
                 m.d.sync += [word.eq(mem_word), waited.eq(0), byte_index.eq(0),
                              words_left.eq(Mux(command == Command.MEM_ZERO, zero_count,
                                                mem_count))]
@@ -335,7 +345,7 @@ class HostBridge(wiring.Component):
                         reply(Status.OK, C(int.from_bytes(self.info(), "little"),
                                            8 * INFO_BYTES), INFO_BYTES)
                     with m.Case(Command.REG_READ, Command.REG_WRITE):
-                        with m.If(reg_addr >> self._reg_addr_width != 0):
+                        with m.If(reg_outside):
                             reply(Status.OUT_OF_RANGE)
                         with m.Elif(command == Command.REG_READ):
                             m.d.sync += bus.arvalid.eq(1)
@@ -344,12 +354,12 @@ class HostBridge(wiring.Component):
                             m.d.sync += [bus.awvalid.eq(1), bus.wvalid.eq(1)]
                             m.next = "REG_WRITE"
                     with m.Case(Command.MEM_READ, Command.MEM_WRITE):
-                        with m.If((mem_count == 0) | (mem_count > self._max_words)):
+                        with m.If(bad_count):
                             with m.If(command == Command.MEM_WRITE):
                                 drain(Status.BAD_LENGTH)
                             with m.Else():
                                 reply(Status.BAD_LENGTH)
-                        with m.Elif(words_end > self._memory_words):
+                        with m.Elif(beyond_memory):
                             with m.If(command == Command.MEM_WRITE):
                                 drain(Status.OUT_OF_RANGE)
                             with m.Else():
@@ -362,7 +372,7 @@ class HostBridge(wiring.Component):
                     with m.Case(Command.MEM_ZERO):
                         with m.If(zero_count == 0):
                             reply(Status.BAD_LENGTH)
-                        with m.Elif(words_end > self._memory_words):
+                        with m.Elif(beyond_memory):
                             reply(Status.OUT_OF_RANGE)
                         with m.Else():
                             m.d.sync += request.valid.eq(1)

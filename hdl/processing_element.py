@@ -109,8 +109,9 @@ class ProcessingElement(wiring.Component):
     row and gains ``s`` cycles of latency (docs/architecture.md, "Timing"). With ``s >= 2``
     a float lane's first register is inside its multiplier, after the significand product
     (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
-    normalization and rounding have a cycle of their own, and with ``s >= 3`` the second
-    too, after the normalization (the rounding then has its own cycle); one register stays
+    normalization and rounding have a cycle of their own, with ``s >= 3`` the second
+    too, after the normalization (the subnormal shift and rounding then have their own
+    cycle), and with ``s = 4`` the third, after the subnormal shift; one register stays
     after the whole product, which balances the multiply against the add.
 
     With ``add_stages = a > 0`` (every format one MAC a cycle) the float adder is cut by
@@ -308,13 +309,14 @@ class ProcessingElement(wiring.Component):
         order, ``multiply_stages`` registers between them, with two or more the first inside
         the multiplier (after its significand product, so that the normalization and
         rounding are in the next cycle), with three or more the second too (after the
-        normalization). Returns the FP32 code of the last active lane's sum."""
+        normalization), with four the third (after the subnormal shift). Returns the FP32
+        code of the last active lane's sum."""
         codes = {name: numerics.data_format(name).code for name in self._floats}
         acc = self.psum_in
         for lane in range(max(self._rates[name] for name in self._floats)):
             lane_formats = self._lane_formats(lane)
             suffix = f"_{lane}" if lane else ""
-            # Up to two registers inside the multiplier, one always after it.
+            # Up to three registers inside the multiplier, one always after it.
             multiplier = FPMultiplier(formats=lane_formats, lanes=1,
                                       stages=min(max(self._stages - 1, 0),
                                                  FP_MULTIPLIER_MAX_STAGES))

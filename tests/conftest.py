@@ -13,14 +13,16 @@ SIM_BUILDS = {
     "tiny": config.preset("tiny"),
     "small": config.preset("small"),
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
-    # Every format with two registers between the PEs' multipliers and adders (the fpga
-    # preset has one) and two in their adders: the latency formula K (1 + A) + M - 1 + S,
-    # cycle-exact; the activation lanes' input stage, as on the fpga preset, a second
-    # multiply stage and two in their adders; two in the PSUM's accumulate.
-    "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2, pe_add_stages=2,
-                                                  activation_input_stages=1,
-                                                  activation_multiply_stages=1,
-                                                  activation_add_stages=2, psum_add_stages=2),
+    # Every format with the FP datapath in as many stages as it can be cut into (an FPGA
+    # build's, docs/fpga.md, "Float formats"): four registers between the PEs' multipliers
+    # and adders (the fpga preset has one; three inside a float multiplier) and four in
+    # their adders (the latency formula K (1 + A) + M - 1 + S, cycle-exact); the activation
+    # lanes' two input stages (the fpga preset has the first), two more multiply stages and
+    # four in their adders; four in the PSUM's accumulate.
+    "tiny-staged": config.preset("tiny").replace(pe_multiply_stages=4, pe_add_stages=4,
+                                                 activation_input_stages=2,
+                                                 activation_multiply_stages=2,
+                                                 activation_add_stages=4, psum_add_stages=4),
 }
 
 #: Builds of the tensor engine with more than one MX block (row ``k`` of the array takes the

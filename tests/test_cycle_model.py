@@ -12,26 +12,21 @@ from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import FORMAT_DTYPES, Kernel
 from opentrn.sim.core import run_images, run_programs
 
-from .conftest import require_simulator
+from .conftest import SIM_BUILDS, require_simulator
 
-#: The builds of the random-kernel runs: the two simulation presets, and tiny with a 16-byte
-#: bus (two bus beats per instruction word, 16-byte SBUF words): the model's timing follows
-#: the configuration, not only the presets'.
+#: The builds of the random-kernel runs: the two simulation presets, and tiny with a 4-byte
+#: bus (four bus beats per instruction word, 4-byte SBUF words: an int32 or FP32 result
+#: completes a word, so the activation unit's write queue fills whenever the DMA takes the
+#: SBUF's write port): the model's timing follows the configuration, not only the presets'.
 BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
-          "tiny-bus16": config.preset("tiny").replace(dma_bus_bytes=16),
-          # Every format with two registers between the PEs' multipliers and adders, two in
-          # their adders, the activation lanes' input stage, a second multiply stage and two
-          # in their adders, two in the PSUM's accumulate: the latencies follow
+          "tiny-bus4": config.preset("tiny").replace(dma_bus_bytes=4),
+          # The FP datapath in stages (tests/conftest.py): the latencies follow
           # pe_multiply_stages, pe_add_stages (the rows' skew, the reload guard),
           # activation_input_stages, activation_multiply_stages, activation_add_stages and
           # psum_add_stages (the waits of accumulates too: test_accumulates_wait_for_the_
           # psum_adder); the fpga preset, with one multiply and one input stage, is predicted
           # exactly on the simulated board (tests/test_board.py).
-          "tiny-stages2": config.preset("tiny").replace(pe_multiply_stages=2, pe_add_stages=2,
-                                                        activation_input_stages=1,
-                                                        activation_multiply_stages=1,
-                                                        activation_add_stages=2,
-                                                        psum_add_stages=2),
+          "tiny-staged": SIM_BUILDS["tiny-staged"],
           # The fast weight loads: a fresh tile every max(N, M + 1); with two columns a beat
           # into three banks (on in trn2/trn3), every max(N, M / 2), here with the rows
           # two cycles apart (an add stage: the loads' rows are skewed as the vectors').
@@ -41,7 +36,7 @@ BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.
 RANDOM_RUNS = [("tiny", "verilator", 30, 48), ("small", "icarus", 22, 24),
-               ("tiny-bus16", "icarus", 6, 20), ("tiny-stages2", "icarus", 5, 20),
+               ("tiny-bus4", "icarus", 6, 20), ("tiny-staged", "icarus", 5, 20),
                ("tiny-fast", "icarus", 6, 20), ("tiny-fast2", "icarus", 8, 20)]
 
 
@@ -85,6 +80,31 @@ def test_predicted_counters_equal_the_rtls_with_a_fixed_hbm_latency():
                                        latency=latency) > outcome.counters["cycles"], label
 
 
+def _run_like_the_golden_machine_and_the_model(cfg, programs, sim="icarus"):
+    """Runs ``programs`` on the core RTL of ``cfg``; asserts each one's HBM image equal to
+    the golden machine's (no fault) and its counters and timeline equal to the cycle
+    model's, event for event; returns ``[(program, outcome)]``."""
+    require_simulator(sim)
+    outcomes, _ = run_images(cfg, [(p.hbm, p.programs) for p in programs], sim=sim,
+                             timeline=True)
+    golden = GoldenCore(cfg)
+    for program, outcome in zip(programs, outcomes, strict=True):
+        reference = golden.run(program.hbm, program.programs)
+        assert outcome.fault == reference.fault == Fault.NONE, program.name
+        assert np.array_equal(outcome.hbm, reference.hbm[:len(program.hbm)]), program.name
+        predicted, timeline = cycle_model.predict_timeline(program)
+        assert predicted == outcome.counters, program.name
+        assert timeline == outcome.timeline, program.name
+    return list(zip(programs, outcomes, strict=True))
+
+
+def _random_values(dtype, rng, shape):
+    """Random int8 values, or normal values rounded to the float format ``dtype``."""
+    if dtype == "int8":
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    return rng.standard_normal(shape).astype(np.float32).astype(FORMAT_DTYPES[dtype])
+
+
 def _accumulates_in_flight(cfg, dtype, rng):
     """A kernel whose matmuls accumulate into PSUM entries still in the PSUM's adder when
     ``psum_add_stages`` > 0: two 16-vector matmuls queue the one-vector matmuls behind them,
@@ -92,14 +112,9 @@ def _accumulates_in_flight(cfg, dtype, rng):
     rows, cols, n = cfg.pe_rows, cfg.pe_cols, cfg.moving_max
     element = FORMAT_DTYPES[dtype]
 
-    def values(shape):
-        if dtype == "int8":
-            return rng.integers(-128, 128, shape).astype(np.int8)
-        return rng.standard_normal(shape).astype(np.float32).astype(element)
-
     k = Kernel(cfg, f"accumulates in flight ({dtype})")
-    a = k.input("a", values((rows, cols)))
-    x = k.input("x", values((rows, 2 * n)))
+    a = k.input("a", _random_values(dtype, rng, (rows, cols)))
+    x = k.input("x", _random_values(dtype, rng, (rows, 2 * n)))
     out_type = np.int32 if dtype == "int8" else np.float32
     first_out = k.output("first", (cols, n), out_type)
     second_out = k.output("second", (cols, n), out_type)
@@ -122,31 +137,67 @@ def _accumulates_in_flight(cfg, dtype, rng):
 
 @pytest.mark.sim
 def test_accumulates_wait_for_the_psum_adder():
-    """With ``psum_add_stages = 2`` (``tiny-stages2``) a moving vector that accumulates into
-    a PSUM entry a vector of the last two cycles went to waits: the results equal the golden
-    machine's, bit for bit (int8 and BF16), and the cycle model's timeline equals the RTL's,
-    event for event, the vector after the second 16-vector matmul (into its last entry)
-    entering three cycles after that matmul's last."""
-    sim = "icarus"
-    require_simulator(sim)
-    cfg = BUILDS["tiny-stages2"]
+    """With ``psum_add_stages = P`` (``tiny-staged``: 4) a moving vector that accumulates
+    into a PSUM entry a vector of the last ``P`` cycles went to waits: the results equal the
+    golden machine's, bit for bit (int8 and BF16), and the cycle model's timeline equals the
+    RTL's, event for event, the vector after the second 16-vector matmul (into its last
+    entry) entering ``P + 1`` cycles after that matmul's last."""
+    cfg = BUILDS["tiny-staged"]
     rng = np.random.default_rng(5)
     programs = [_accumulates_in_flight(cfg, dtype, rng) for dtype in ("int8", "bf16")]
-    outcomes, _ = run_images(cfg, [(p.hbm, p.programs) for p in programs], sim=sim,
-                             timeline=True)
-    golden = GoldenCore(cfg)
-    for program, outcome in zip(programs, outcomes, strict=True):
-        reference = golden.run(program.hbm, program.programs)
-        assert outcome.fault == reference.fault == Fault.NONE, program.name
-        assert np.array_equal(outcome.hbm, reference.hbm[:len(program.hbm)]), program.name
-        predicted, timeline = cycle_model.predict_timeline(program)
-        assert predicted == outcome.counters, program.name
-        assert timeline == outcome.timeline, program.name
+    for program, outcome in _run_like_the_golden_machine_and_the_model(cfg, programs):
         runs = outcome.timeline.busy["tensor"]
         # The two 16-vector matmuls back to back, then the one-vector matmul into the last
-        # entry, held until three cycles after that entry's vector.
+        # entry, held until P + 1 cycles after that entry's vector.
         assert runs[0][1] - runs[0][0] == 2 * cfg.moving_max, (program.name, runs)
         assert runs[1][0] - runs[0][1] == cfg.psum_add_stages, (program.name, runs)
+
+
+def _activation_beside_a_dma(cfg, dtype, rng):
+    """A kernel whose ACTIVATE writes a 4-byte result a cycle (int32 or FP32) while the DMA
+    writes a long HBM -> SBUF copy: both want the SBUF's write port in most cycles."""
+    rows, cols, n = cfg.pe_rows, cfg.pe_cols, cfg.moving_max
+    element = FORMAT_DTYPES[dtype]
+    size = element.itemsize
+
+    k = Kernel(cfg, f"activation beside a DMA ({dtype})")
+    a = k.input("a", _random_values(dtype, rng, (rows, cols)))
+    x = k.input("x", _random_values(dtype, rng, (rows, n)))
+    fill_bytes = 64 * cfg.dma_bus_bytes
+    fill = k.input("fill", rng.integers(-128, 128, (rows, fill_bytes)).astype(np.int8))
+    out = "int32" if dtype == "int8" else "fp32"
+    y = k.output("y", (cols, n), np.int32 if dtype == "int8" else np.float32)
+    filled_out = k.output("filled", (rows, fill_bytes), np.int8)
+    stationary, moving = k.sbuf(rows, cols * size), k.sbuf(rows, n * size)
+    results, filled = k.sbuf(rows, 4 * n), k.sbuf(rows, fill_bytes)
+    psum = k.psum(n)
+    k.dma(stationary[:, :], a[:, :])
+    k.dma(moving[:, :], x[:, :])
+    k.load_stationary(stationary[:, :], dtype=dtype)
+    k.matmul(psum[:, 0:n], moving[:, :])
+    k.dma(filled[:, :], fill[:, :])
+    k.activation(results[0:cols, :], psum[:, 0:n], out=out)
+    k.dma(y[:, :], results[0:cols, :])
+    k.dma(filled_out[:, :], filled[:, :])
+    return k.build()
+
+
+@pytest.mark.sim
+def test_activation_results_queue_while_the_dma_writes_the_sbuf():
+    """On a 4-byte bus (``tiny-bus4``) each int32 or FP32 result completes an SBUF word, and
+    the DMA's copy into the SBUF takes the write port every other cycle (round robin): the
+    activation unit queues up to ``WRITE_SLOTS`` completed words and its engine stalls only
+    when they are all waiting. The results equal the golden machine's, bit for bit, and the
+    cycle model's timeline equals the RTL's, event for event, the engine's runs broken by
+    the shared port."""
+    cfg = BUILDS["tiny-bus4"]
+    rng = np.random.default_rng(9)
+    programs = [_activation_beside_a_dma(cfg, dtype, rng) for dtype in ("int8", "bf16")]
+    for program, outcome in _run_like_the_golden_machine_and_the_model(cfg, programs):
+        # The engine stalled on the write port: its 16 vectors in more than one run.
+        runs = outcome.timeline.busy["activation"]
+        assert sum(end - start for start, end in runs) == cfg.moving_max, (program.name, runs)
+        assert len(runs) > 1, (program.name, runs)
 
 
 def test_the_default_watchdog_is_above_a_long_programs_cycles():

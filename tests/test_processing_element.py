@@ -431,15 +431,16 @@ def test_refuses_bad_parameters(kwargs, error, message):
 
 
 def test_add_stages_refused_with_packed_macs():
-    with pytest.raises(ValueError, match=r"add_stages=3: must be an integer from 0 to 2"):
-        ProcessingElement(in_bits=16, acc_bits=32, formats=ALL, add_stages=3)
+    with pytest.raises(ValueError, match=r"add_stages=5: must be an integer from 0 to 4"):
+        ProcessingElement(in_bits=16, acc_bits=32, formats=ALL, add_stages=5)
     with pytest.raises(ValueError, match=r"add_stages=1: needs one MAC per cycle in every "
                                          r"format, not 2 in fp8e4m3"):
         ProcessingElement(in_bits=16, acc_bits=32, formats=("fp8e4m3",),
                           macs={"fp8e4m3": 2}, add_stages=1)
 
 
-@pytest.mark.parametrize("multiply_stages, add_stages", [(0, 1), (1, 2), (2, 1), (3, 1)])
+@pytest.mark.parametrize("multiply_stages, add_stages", [(0, 1), (1, 2), (2, 1), (3, 1),
+                                                          (4, 3)])
 def test_stages_delay_the_sum(multiply_stages, add_stages):
     """With ``S`` multiply and ``A`` add stages, an element's product meets the partial sum
     that arrives ``S`` advances after it and their sum leaves ``A + 1`` advances after that

@@ -25,7 +25,7 @@ BUILDS = {
     # Registers in the accumulate (an FPGA build's): write-backs 1 + N cycles after the
     # read, accumulates N + 1 cycles apart at the closest.
     "psum-tiny-stages1": ("psum", config.preset("tiny").replace(psum_add_stages=1)),
-    "psum-tiny-stages2": ("psum", config.preset("tiny").replace(psum_add_stages=2)),
+    "psum-tiny-stages4": ("psum", config.preset("tiny").replace(psum_add_stages=4)),
 }
 
 

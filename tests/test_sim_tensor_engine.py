@@ -60,11 +60,14 @@ def test_tensor_engine(sim, build, tmp_path):
     assert full["cases"] == 2 * len(cfg.dtypes)
     # Background weight loads: N = K + (K - 1) A + M with a fresh tile each (A add stages;
     # M + 1 with the fast weight load, M / 2 with two columns a beat), and N = 1 against one
-    # tile, both keep the array fed every cycle.
+    # tile, both keep the array fed every cycle. Where that N is more than a matmul can
+    # have (tiny-staged: 4 + 3 x 4 + 4 = 20 > 16), matmuls of moving_max vectors wait for
+    # the reload guard, cycle-exact as the golden timing has it.
     guard = cfg.pe_rows + (cfg.pe_rows - 1) * cfg.pe_add_stages
-    assert records["back_to_back"]["n"] == {0: guard + cfg.pe_cols, 1: cfg.pe_cols + 1,
-                                            2: cfg.pe_cols // 2}[cfg.fast_weight_load]
-    assert records["back_to_back"]["moving_idle_cycles"] == 0
+    interval = {0: guard + cfg.pe_cols, 1: cfg.pe_cols + 1,
+                2: cfg.pe_cols // 2}[cfg.fast_weight_load]
+    assert records["back_to_back"]["n"] == min(interval, cfg.moving_max)
+    assert (records["back_to_back"]["moving_idle_cycles"] == 0) == (interval <= cfg.moving_max)
     assert records["back_to_back_reused"]["moving_idle_cycles"] == 0
     if floats:
         float_random, mixed = records["float_random"], records["mixed_formats"]

@@ -263,12 +263,12 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
      12, 0.6, 0.8, 1.0, 30),
     # Registers in the PSUM's accumulate: accumulates held off sums in its adder, the
     # retire later (_run checks both); two PSUM banks, so destinations meet often.
-    (TINY.replace(psum_add_stages=2, psum_banks=2, psum_bank_entries=32), 13, 1.0, 1.0, 1.0,
+    (TINY.replace(psum_add_stages=4, psum_banks=2, psum_bank_entries=32), 13, 1.0, 1.0, 1.0,
      60),
     (TINY.replace(psum_add_stages=1, pe_add_stages=1), 14, 0.6, 0.8, 1.0, 40),
 ], ids=["tiny-full", "tiny-slow-sbuf", "tiny-backpressure", "tiny-acc16", "small",
         "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus", "fast2-tiny-full",
-        "fast2-tiny-slow", "fast2-4x8", "psum2-tiny-full", "psum1-tiny-backpressure"])
+        "fast2-tiny-slow", "fast2-4x8", "psum4-tiny-full", "psum1-tiny-backpressure"])
 def test_random_programs_match_golden(cfg, seed, grant, psum_ready, present, matmuls):
     program = _random_program(cfg, random.Random(seed), matmuls)
     stats = _run(cfg, program, seed=seed, grant=grant, psum_ready=psum_ready,
@@ -382,7 +382,7 @@ def test_mx_matmuls_take_their_scales(cfg):
     _run(cfg, program, seed=cfg.pe_rows, grant=0.7, psum_ready=0.8, image=image)
 
 
-@pytest.mark.parametrize("stages", [0, 1, 2])
+@pytest.mark.parametrize("stages", [0, 1, 4])
 def test_accumulate_into_one_entry_back_to_back(stages):
     """Matmuls of one vector accumulating into one PSUM entry, back to back, with one tile
     and with a fresh tile each: the in-order PSUM read-modify-write loses nothing. With

@@ -71,15 +71,16 @@ class Config:
     pe_multiply_stages : int
         Registers between a PE's multipliers and its accumulating adders, 0 to 4 (with two
         or more, a float lane's first inside its multiplier, after the significand
-        product, with three or more its second too, after the normalization; one always
-        after the product): 0 multiplies and accumulates in one cycle; each stage adds a
-        cycle to the array's latency (a moving vector's result leaves ``K (1 +
-        pe_add_stages) + M - 1 + pe_multiply_stages`` cycles after it) and nothing to its
-        throughput, so an FPGA build reaches its clock (the ``fpga`` preset has 1;
-        docs/fpga.md, "Timing").
+        product, with three or more its second too, after the normalization, with four its
+        third, after the subnormal shift; one always after the product): 0 multiplies and
+        accumulates in one cycle; each stage adds a cycle to the array's latency (a moving
+        vector's result leaves ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages``
+        cycles after it) and nothing to its throughput, so an FPGA build reaches its clock
+        (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
     pe_add_stages : int
-        Registers inside each PE's accumulating FP32 adder, 0 to 2 (after the alignment,
-        after the add; the integer sum is delayed to match): each delays a partial sum a
+        Registers inside each PE's accumulating FP32 adder, 0 to 4 (after the alignment,
+        after the add, after the ordering of the operands, after the normalization, in
+        that order; the integer sum is delayed to match): each delays a partial sum a
         cycle more per row, so the moving vectors' skew is ``1 + pe_add_stages`` cycles a
         row, the array's latency ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages``
         and, without ``fast_weight_load``, a reload of a retired bank waits ``K + (K - 1)
@@ -87,29 +88,32 @@ class Config:
         cycle in every format (``pe_macs_per_cycle`` empty). For an FPGA build with float
         formats (docs/fpga.md, "Float formats").
     activation_input_stages : int
-        A stage in front of the activation lanes' multipliers, 0 or 1: 1 takes the choice
+        Stages in front of the activation lanes' multipliers, 0 to 2: 1 takes the choice
         of a lane's input (a PSUM entry, or a byte of an SBUF word) off the path into its
         32 x 32 bit multiply (a register of the input), and cuts its FP32 multiplier after
-        the significand product, for a cycle more of the engine's latency (an ACTIVATE
-        retires ``n + 7 + activation_input_stages`` cycles after it is handed over) and
-        nothing of its throughput (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+        the significand product; 2 also registers the float path's input (its decode and
+        multiply then start from flip-flops), the integer path's input delayed to match.
+        Each is a cycle more of the engine's latency (an ACTIVATE retires ``n + 7 +
+        activation_input_stages`` cycles after it is handed over) and nothing of its
+        throughput (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
     activation_multiply_stages : int
-        0 or 1: one more register inside each activation lane's FP32 multiplier, after its
-        normalization when ``activation_input_stages`` already cuts it after the significand
-        product (else there), the integer path's product delayed to match: a cycle more of
-        an ACTIVATE's latency, nothing of its throughput. For an FPGA build with float
-        formats (docs/fpga.md, "Float formats").
+        0 to 2: more registers inside each activation lane's FP32 multiplier, after its
+        normalization, then after its subnormal shift, when ``activation_input_stages``
+        already cuts it after the significand product (else there first), the integer
+        path's product delayed to match: a cycle more of an ACTIVATE's latency each, nothing
+        of its throughput. For an FPGA build with float formats (docs/fpga.md, "Float
+        formats").
     activation_add_stages : int
         Registers inside each activation lane's FP32 adder (the float path's bias add), 0
-        to 2 (after the alignment, after the add; the integer path's bias add delayed to
+        to 4 (cut as ``pe_add_stages`` cuts a PE's; the integer path's bias add delayed to
         match): each adds a cycle to the engine's latency (an ACTIVATE retires ``n + 7 +
         activation_input_stages + activation_multiply_stages + activation_add_stages``
         cycles after it is handed over)
         and nothing to its throughput. For an FPGA build with float formats (docs/fpga.md,
         "Float formats").
     psum_add_stages : int
-        Registers inside the PSUM's accumulate, 0 to 2 (its FP32 adder cut after the
-        alignment and after the add; the integer sum delayed to match): a result beat is
+        Registers inside the PSUM's accumulate, 0 to 4 (its FP32 adder cut as
+        ``pe_add_stages`` cuts a PE's; the integer sum delayed to match): a result beat is
         written back ``2 + psum_add_stages`` cycles after the PSUM accepts it, so a matmul
         retires that much later, and a moving vector that accumulates into a PSUM entry
         enters the array only ``psum_add_stages + 1`` cycles or more after the last vector
@@ -234,20 +238,20 @@ class Config:
              "must be a power of two between 1 and 65536")
         rule("pe_multiply_stages", 0 <= self.pe_multiply_stages <= 4,
              "must be between 0 and 4")
-        rule("pe_add_stages", 0 <= self.pe_add_stages <= 2, "must be between 0 and 2")
+        rule("pe_add_stages", 0 <= self.pe_add_stages <= 4, "must be between 0 and 4")
         if self.pe_add_stages:
             packed = [name for name in self.dtypes if self.macs_per_pe_cycle(name) > 1]
             rule("pe_add_stages", not packed,
                  f"needs one MAC per PE per cycle in every format, and {', '.join(packed)} "
                  f"{'has' if len(packed) == 1 else 'have'} more (pe_macs_per_cycle): the "
                  "adds of several products a cycle are not pipelined")
-        rule("activation_input_stages", 0 <= self.activation_input_stages <= 1,
-             "must be 0 or 1")
-        rule("activation_multiply_stages", 0 <= self.activation_multiply_stages <= 1,
-             "must be 0 or 1")
-        rule("activation_add_stages", 0 <= self.activation_add_stages <= 2,
-             "must be between 0 and 2")
-        rule("psum_add_stages", 0 <= self.psum_add_stages <= 2, "must be between 0 and 2")
+        rule("activation_input_stages", 0 <= self.activation_input_stages <= 2,
+             "must be 0, 1 or 2")
+        rule("activation_multiply_stages", 0 <= self.activation_multiply_stages <= 2,
+             "must be 0, 1 or 2")
+        rule("activation_add_stages", 0 <= self.activation_add_stages <= 4,
+             "must be between 0 and 4")
+        rule("psum_add_stages", 0 <= self.psum_add_stages <= 4, "must be between 0 and 4")
         rule("fast_weight_load", 0 <= self.fast_weight_load <= 2, "must be 0, 1 or 2")
         rule("moving_max", 1 <= self.moving_max <= self.psum_bank_entries,
              f"must be between 1 and psum_bank_entries={self.psum_bank_entries} "

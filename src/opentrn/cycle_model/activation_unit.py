@@ -2,6 +2,8 @@
 
 
 
+from collections import deque
+
 from opentrn import numerics
 from opentrn.hdl.activation_engine import stages as activation_stages
 
@@ -31,8 +33,8 @@ class _ActivationUnitModel:
         self.act_pipe = [None] * activation_stages(config)
         self.act_out_index = 0
         self.act_out_address = 0
-        self.act_write_valid = False
-        self.act_write_last = False
+        # The write queue: each completed word's "last of the instruction" flag.
+        self.act_writes = deque()
 
     def _act_commit(self, cycle, handed, sbuf_granted, psum_granted, take, result_take,
                     advance, write_done):
@@ -77,17 +79,16 @@ class _ActivationUnitModel:
         self.act_level += (response and streaming) - pop
         # engine pipeline -> assembly -> write register
         out_bytes = _OUT_BYTES[f["out_format"]]
-        write_valid = self.act_write_valid and not write_done
-        retire = write_done and self.act_write_last
+        retire = write_done and self.act_writes[0]
+        if write_done:
+            self.act_writes.popleft()
         if result_take:
             position = self.act_out_address & (width - 1)
             complete = (position + out_bytes == width) or self.act_out_index == last_index
             if complete:
-                write_valid = True
-                self.act_write_last = self.act_out_index == last_index
+                self.act_writes.append(self.act_out_index == last_index)
             self.act_out_index += 1
             self.act_out_address += out_bytes
-        self.act_write_valid = write_valid
         if advance:
             self.act_pipe = [vector_last if take else None] + self.act_pipe[:-1]
         if retire:

@@ -7,6 +7,7 @@ from opentrn import isa, timeline
 from opentrn.golden import psum, tensor_engine
 from opentrn.hdl.activation_engine import stages as activation_stages
 from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
+from opentrn.hdl.activation_unit import WRITE_SLOTS
 from opentrn.hdl.axi4 import BOUNDARY_BYTES
 from opentrn.hdl.core import COUNTERS as CORE_COUNTERS
 from opentrn.hdl.dma import MAX_OUTSTANDING
@@ -97,7 +98,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
         psum_read = self.psum_reads.grant(
             [act_psum_read, dma_buffer_request and src_space == _PSUM])
         sbuf_write = self.sbuf_writes.grant(
-            [self.act_write_valid, dma_have and dst_space == _SBUF])
+            [bool(self.act_writes), dma_have and dst_space == _SBUF])
         psum_dma_write = dma_have and dst_space == _PSUM and self._psum_write_free()
         ar_valids = [dma_arvalid] + [s.ar_valid for s in seqs]
         ar = self.ar.grant(ar_valids)
@@ -124,8 +125,8 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
         head_is_load = self.order[0] if self.order else None
         te_retire = head_is_load is not None and (
             self.loads_done != 0 if head_is_load else self.matmuls_done != 0)
-        act_write = self.act_write_valid and sbuf_write == 0
-        act_retire = act_write and self.act_write_last
+        act_write = bool(self.act_writes) and sbuf_write == 0
+        act_retire = act_write and self.act_writes[0]
         retire = (dma_retire, te_retire, act_retire)
 
         # ---- sequencers --------------------------------------------------------------------
@@ -204,8 +205,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             vector = cfg.vector_word_bytes
             position = self.act_out_address & (vector - 1)
             complete = (position + out_bytes == vector) or self.act_out_index == last_index
-            write_free = (not self.act_write_valid) or act_write
-            result_ready = (not complete) or write_free
+            result_ready = (not complete) or len(self.act_writes) < WRITE_SLOTS
             advance = (not out_valid) or result_ready
             act_result_take = out_valid and result_ready
             act_take = advance and self.act_level != 0 and act_streaming
@@ -439,9 +439,10 @@ def upper_bound(config, hbm, programs, *, latency=0):
     # Fetch (a word in beats, the HBM's answer) and issue (assemble, check, hand over).
     issue = 2 * (isa.WORD_BYTES // min(bus, isa.WORD_BYTES)) + HBM_READ_CYCLES + latency + 8
     hbm = bytes(hbm)
-    # Start-up: the sequencers fill their fetch buffers (two bursts) before the first
-    # instruction; the interrupt follows the last retire.
-    total = FETCH_BUFFER_BYTES // bus + 2 * (HBM_READ_CYCLES + latency) + 16
+    # Start-up: the sequencers fill their fetch buffers (two bursts each, one after another
+    # on the HBM's read channel) before the first instruction; the interrupt follows the
+    # last retire.
+    total = len(programs) * FETCH_BUFFER_BYTES // bus + 2 * (HBM_READ_CYCLES + latency) + 16
     for start in programs:
         offset = int(start)
         while True:
