@@ -77,7 +77,7 @@ class _ActivationUnitModel:
             self.act_in_index += 1
             self.act_in_byte = (self.act_in_byte + 1) & (width - 1)
         self.act_level += (response and streaming) - pop
-        # engine pipeline -> assembly -> write register
+        # engine pipeline -> assembly -> write queue
         out_bytes = _OUT_BYTES[f["out_format"]]
         retire = write_done and self.act_writes[0]
         if write_done:
