@@ -418,17 +418,19 @@ class ActivationUnit(wiring.Component):
         pop = Signal()
         m.d.comb += [push.eq(result.valid & result.ready & complete),
                      pop.eq(write.valid & write.ready)]
+        def following(slot):
+            return Mux(slot == WRITE_SLOTS - 1, 0, slot + 1)
+
         m.d.sync += write_count.eq(write_count + push - pop)
         with m.If(pop):
-            m.d.sync += write_head.eq(Mux(write_head == WRITE_SLOTS - 1, 0, write_head + 1))
+            m.d.sync += write_head.eq(following(write_head))
         with m.If(result.valid & result.ready):
             next_address = out_address + result_bytes
             m.d.sync += [out_index.eq(out_index + 1), out_address.eq(next_address),
                          complete.eq(completes(next_address, result_bytes, out_index + 1,
                                                last_index))]
             with m.If(complete):
-                m.d.sync += [write_tail.eq(Mux(write_tail == WRITE_SLOTS - 1, 0, write_tail + 1)),
-                             assembly_strobe.eq(0)]
+                m.d.sync += [write_tail.eq(following(write_tail)), assembly_strobe.eq(0)]
                 for index, (slot, slot_last) in enumerate(zip(slots, slot_lasts, strict=True)):
                     with m.If(write_tail == index):
                         m.d.sync += [

@@ -1,7 +1,5 @@
 """hdl/activation_unit.py: PSUM or SBUF reads, the engine's pipeline, SBUF writes."""
 
-
-
 from collections import deque
 
 from opentrn import numerics
