@@ -17,9 +17,9 @@ class AccessPatternWalker(wiring.Component):
     Row ``(i1, i2)`` (``i1 < n1`` fastest) starts at byte ``addr + i1 * stride1 + i2 *
     stride2`` of partition ``partition + i1 * pstep1 + i2 * pstep2`` and is ``row_bytes``
     long. A row covers the ``word_bytes``-aligned words from its first byte to its last; the
-    first and last may be partial (``first_lane``, ``lane_count``). ``step`` consumes
-    ``step_words`` words of the current row (1 for a word at a time; ``burst_words`` for an
-    AXI4 burst), moving to the next row at the end of one, and ends the walk after the last.
+    first and last may be partial (``first_lane``, ``lane_count``). ``step`` consumes one
+    word of the current row, or ``burst_words`` (an AXI4 burst) with ``step_burst``, moving
+    to the next row at the end of one, and ends the walk after the last.
 
     Members
     -------
@@ -28,8 +28,9 @@ class AccessPatternWalker(wiring.Component):
     addr, partition, stride1, stride2, pstep1, pstep2, n1, n2, row_bytes : ``In(...)``
         The pattern (held by the user while it walks).
     step : ``In(1)``
-        Consume ``step_words`` words (ignored when not ``active``).
-    step_words : ``In(range(max_burst + 1))``
+        Consume a word, or a burst (ignored when not ``active``).
+    step_burst : ``In(1)``
+        A step consumes ``burst_words`` words rather than one.
     active : ``Out(1)``
         A word remains.
     address : ``Out(addr_bits)``
@@ -59,7 +60,7 @@ class AccessPatternWalker(wiring.Component):
             "stride1": In(addr_bits), "stride2": In(addr_bits),
             "pstep1": In(partition_bits), "pstep2": In(partition_bits),
             "n1": In(size_bits), "n2": In(size_bits), "row_bytes": In(row_bytes_bits),
-            "step": In(1), "step_words": In(range(max_burst + 1)),
+            "step": In(1), "step_burst": In(1),
             "active": Out(1),
             "address": Out(addr_bits),
             "word": Out(addr_bits - self._log2_word),
@@ -107,62 +108,111 @@ class AccessPatternWalker(wiring.Component):
                        Mux(words_left < words_to_boundary, words_left, words_to_boundary),
                        Mux(words_left < self._max_burst, words_left, self._max_burst))
 
-        def start_row(address, partition):
-            """Registers of a row starting at byte ``address``: a row of ``row_bytes`` from
-            lane ``address % word_bytes`` covers ``(lane + row_bytes - 1) // word_bytes + 1``
-            words (the DMA checks every row lies in its space before the walk, so the sums
-            do not wrap); the 4 KiB boundary is ``boundary_words - address[shift:12]`` words
-            away."""
+        # A row's words depend on its first lane only through one carry: from lane ``l``,
+        # ``row_bytes`` cover ``(row_bytes - 1) // word_bytes + 1`` words, one more when
+        # ``l + (row_bytes - 1) % word_bytes`` passes the word. Both counts are kept from the
+        # walk's start, so a new row chooses between registers (its burst compares their
+        # values clipped to a 4 KiB boundary's words, narrow) instead of adding its length.
+        sizes = {}
+        for key, shape in (("base", bits), ("carried", bits),
+                           ("base_clipped", range(boundary_words + 1)),
+                           ("carried_clipped", range(boundary_words + 1)),
+                           ("end_lane", range(self._word_bytes))):
+            sizes[key] = Signal(shape, name=f"row_{key}")
+
+        def row_sizes(row_bytes):
+            """The values of ``sizes`` for rows of ``row_bytes`` bytes (registered at the
+            walk's start, for the rows after the first)."""
+            last = row_bytes - 1
+            base = Signal(bits, name="row_base_words")
+            m.d.comb += base.eq((last >> shift) + 1)
+            carried = base + 1
+            return {"base": base, "carried": carried,
+                    "base_clipped": Mux(base < boundary_words, base, boundary_words),
+                    "carried_clipped": Mux(carried < boundary_words, carried,
+                                           boundary_words),
+                    "end_lane": last[:shift] if shift else 0}
+
+        def row(address, partition, words, narrow_words, last_lane, one_word):
+            """Registers of a row starting at byte ``address`` of ``words`` words (and the
+            same, clipped or not, for its burst: :func:`bursts` gives the same for both),
+            whose last byte is on lane ``last_lane`` (``one_word``: its only word); the 4 KiB
+            boundary is ``boundary_words - address[shift:12]`` words away."""
             lane = address[:shift] if shift else 0
-            row_words = Signal(bits, name="row_words")
-            last = Signal(bits, name="row_last")
             row_to_boundary = Signal.like(to_boundary, name="row_to_boundary")
-            one_word = Signal(name="row_one_word")
-            m.d.comb += [
-                last.eq(lane + self.row_bytes - 1),
-                row_words.eq((last >> shift) + 1),
-                one_word.eq((last >> shift) == 0),
-                row_to_boundary.eq(boundary_words - address[shift:12]),
-            ]
-            return [cur.eq(address), left.eq(row_words),
-                    tail_count.eq((last[:shift] if shift else 0) + 1),
+            m.d.comb += row_to_boundary.eq(boundary_words - address[shift:12])
+            return [cur.eq(address), left.eq(words), tail_count.eq(last_lane + 1),
                     # A row of one word has all its bytes there; else they run to the end.
                     self.lane_count.eq(Mux(one_word, self.row_bytes, lanes + 1 - lane)),
                     to_boundary.eq(row_to_boundary),
-                    burst.eq(bursts(row_words, row_to_boundary)),
+                    burst.eq(bursts(narrow_words, row_to_boundary)),
                     self.row_partition.eq(partition)]
 
-        # Within a row: step_words <= burst <= to_boundary, so the boundary is reached
-        # exactly (and the next one is a whole 4 KiB away) or not at all.
-        stepped_left = Signal(bits)
-        stepped_to_boundary = Signal.like(to_boundary)
-        m.d.comb += [
-            stepped_left.eq(left - self.step_words),
-            stepped_to_boundary.eq(Mux(to_boundary == self.step_words, boundary_words,
-                                       to_boundary - self.step_words)),
-        ]
+        def start_first_row(address, partition):
+            """The walk's first row, from the pattern's inputs: ``(lane + row_bytes - 1) //
+            word_bytes + 1`` words (the DMA checks every row lies in its space before the
+            walk, so the sums do not wrap)."""
+            lane = address[:shift] if shift else 0
+            words = Signal(bits, name="first_row_words")
+            last = Signal(bits, name="first_row_last")
+            m.d.comb += [last.eq(lane + self.row_bytes - 1), words.eq((last >> shift) + 1)]
+            return row(address, partition, words, words, last[:shift] if shift else 0,
+                       (last >> shift) == 0)
+
+        def start_row(address, partition, size):
+            """A row after the first, its words chosen from ``size`` (:func:`row_sizes`)."""
+            lane = address[:shift] if shift else 0
+            span = Signal(shift + 1, name="row_span")      # lane of the last byte, + carry
+            m.d.comb += span.eq(lane + size["end_lane"])
+            carry = span[shift] if shift else 0
+            return row(address, partition, Mux(carry, size["carried"], size["base"]),
+                       Mux(carry, size["carried_clipped"], size["base_clipped"]),
+                       span[:shift] if shift else 0, ~carry & (size["base"] == 1))
+
+        # Within a row: a step's words <= burst <= to_boundary, so the boundary is reached
+        # exactly (and the next one is a whole 4 KiB away) or not at all. The registers
+        # after a step of one word and after a step of a burst are both made from registers,
+        # and ``step_burst`` only chooses (a DMA's choice comes from its descriptor's space,
+        # ``step`` from a bus handshake: neither runs through the arithmetic).
+        def stepped(words, name):
+            left_after = Signal(bits, name=f"left_after_{name}")
+            to_boundary_after = Signal.like(to_boundary, name=f"to_boundary_after_{name}")
+            m.d.comb += [
+                left_after.eq(left - words),
+                to_boundary_after.eq(Mux(to_boundary == words, boundary_words,
+                                         to_boundary - words)),
+            ]
+            return {"within": words < left,
+                    "cur": ((cur >> shift) + words) << shift,
+                    "left": left_after, "to_boundary": to_boundary_after,
+                    "burst": bursts(left_after, to_boundary_after),
+                    "lane_count": Mux(left_after == 1, tail_count, lanes + 1)}
+
+        one, whole = stepped(1, "word"), stepped(burst, "burst")
+        after = {key: Mux(self.step_burst, whole[key], one[key]) for key in one}
         with m.If(self.load):
             m.d.sync += [self.active.eq(1), plane_part.eq(self.partition),
                          rows_after.eq(self.n1 - 1), planes_after.eq(self.n2 - 1),
                          next_row.eq(self.addr + self.stride1),
                          next_plane.eq(self.addr + self.stride2),
-                         *start_row(self.addr, self.partition)]
+                         *start_first_row(self.addr, self.partition),
+                         *(sizes[key].eq(value)
+                           for key, value in row_sizes(self.row_bytes).items())]
         with m.Elif(self.step & self.active):
-            with m.If(self.step_words < left):
-                m.d.sync += [cur.eq(((cur >> shift) + self.step_words) << shift),
-                             left.eq(stepped_left), to_boundary.eq(stepped_to_boundary),
-                             burst.eq(bursts(stepped_left, stepped_to_boundary)),
-                             self.lane_count.eq(Mux(stepped_left == 1, tail_count, lanes + 1))]
+            with m.If(after["within"]):
+                m.d.sync += [cur.eq(after["cur"]), left.eq(after["left"]),
+                             to_boundary.eq(after["to_boundary"]), burst.eq(after["burst"]),
+                             self.lane_count.eq(after["lane_count"])]
             with m.Elif(rows_after != 0):
                 m.d.sync += [rows_after.eq(rows_after - 1), next_row.eq(next_row + self.stride1),
-                             *start_row(next_row, self.row_partition + self.pstep1)]
+                             *start_row(next_row, self.row_partition + self.pstep1, sizes)]
             with m.Elif(planes_after != 0):
                 next_part = plane_part + self.pstep2
                 m.d.sync += [rows_after.eq(self.n1 - 1), planes_after.eq(planes_after - 1),
                              plane_part.eq(next_part),
                              next_row.eq(next_plane + self.stride1),
                              next_plane.eq(next_plane + self.stride2),
-                             *start_row(next_plane, next_part)]
+                             *start_row(next_plane, next_part, sizes)]
             with m.Else():
                 m.d.sync += self.active.eq(0)
         return m

@@ -127,7 +127,7 @@ class ActivationLane(wiring.Component):
         guard_shifted = Signal(signed(pre_bits + 1))
         below_guard = Signal(pre_bits)
         rounded = Signal(signed(pre_bits + 1))
-        activated = Signal(signed(pre_bits + 1))
+        negative, under, over = Signal(), Signal(), Signal()
         saturated = Signal(signed(self._out_bits))
         with m.If(self.advance):
             # Stage 1: the exact product; a zero operand on the float path, so that the
@@ -162,11 +162,23 @@ class ActivationLane(wiring.Component):
         with m.If(self.advance):
             m.d.sync += [quotient.eq(q), round_up.eq(guard & (sticky | q[0]))]
         with m.If(integer):
-            # Stage 4: round, the function, saturate to the output format.
+            # Stage 4: round, the function, saturate to the output format. The tests are
+            # made on the quotient beside the rounding's add, so one carry chain, not three
+            # in a row, lies between the registers and the output: ``quotient + round_up``
+            # is above a bound when ``quotient`` is above the bound less ``round_up``; where
+            # ``quotient`` is below a bound (or zero) and the sum is not, the sum is the
+            # bound itself, which the choice of the bound gives too. ReLU's zero is in every
+            # format's range.
+            def above(bound):
+                return Mux(round_up, quotient >= bound, quotient > bound)
+
             m.d.comb += [
                 rounded.eq(quotient + round_up),
-                activated.eq(Mux((self.function == _RELU) & rounded[-1], 0, rounded)),
-                saturated.eq(Mux(activated < lo, lo, Mux(activated > hi, hi, activated))),
+                negative.eq(quotient < 0),
+                under.eq(Mux(self.is_int32, quotient < wide_lo, quotient < narrow_lo)),
+                over.eq(Mux(self.is_int32, above(wide_hi), above(narrow_hi))),
+                saturated.eq(Mux((self.function == _RELU) & negative, 0,
+                                 Mux(under, lo, Mux(over, hi, rounded)))),
             ]
         return saturated
 

@@ -15,15 +15,18 @@ class ByteGearbox(wiring.Component):
     """Holds up to ``capacity`` bytes, each with a poison bit (the byte came from a bus beat
     with an error response and must not be written).
 
-    Each cycle it takes ``push_count`` bytes from lanes ``0 .. push_count - 1`` of
-    ``push_data`` and gives up the oldest ``pop_count`` bytes, which are on lanes ``0 ..
-    pop_count - 1`` of ``head`` during that cycle. The user keeps ``pop_count <= level`` and
-    ``push_count <= capacity - level`` (bytes pushed in a cycle cannot be popped in it).
+    Each cycle it takes ``push_count`` bytes from lanes ``push_lane .. push_lane +
+    push_count - 1`` of ``push_data`` and gives up the oldest ``pop_count`` bytes, which are
+    on lanes ``0 .. pop_count - 1`` of ``head`` during that cycle. The user keeps
+    ``push_lane + push_count <= word_bytes``, ``pop_count <= level`` and ``push_count <=
+    capacity - level`` (bytes pushed in a cycle cannot be popped in it).
     ``word_bytes`` and ``capacity`` are powers of two. ``head`` depends on registers only.
 
     Members
     -------
     push_count : ``In(range(word_bytes + 1))``
+    push_lane : ``In(range(word_bytes))``
+        The lane of ``push_data`` the pushed bytes start at.
     push_data : ``In(data.ArrayLayout(8, word_bytes))``
     push_poison : ``In(word_bytes)``
     pop_count : ``In(range(word_bytes + 1))``
@@ -44,6 +47,7 @@ class ByteGearbox(wiring.Component):
         self._word_bytes, self._capacity = word_bytes, capacity
         super().__init__({
             "push_count": In(range(word_bytes + 1)),
+            "push_lane": In(range(word_bytes)),
             "push_data": In(data.ArrayLayout(8, word_bytes)),
             "push_poison": In(word_bytes),
             "pop_count": In(range(word_bytes + 1)),
@@ -66,15 +70,17 @@ class ByteGearbox(wiring.Component):
         write_at = Signal(range(capacity))
         read_at = Signal(range(capacity))
 
-        # Push: pushed byte ``i`` goes to slot ``write_at + i``, so slot ``s`` takes lane
-        # ``(s - write_at) mod width`` of the pushed word: one rotation of the word by the
-        # write pointer, then a per-slot enable.
+        # Push: pushed byte ``i`` (lane ``push_lane + i``) goes to slot ``write_at + i``, so
+        # slot ``s`` takes lane ``(s - write_at + push_lane) mod width`` of the pushed word:
+        # one rotation of the word, by an amount made of registers beside the data's arrival
+        # (a DMA's pushed data comes from a memory's read port, late in the cycle), then a
+        # per-slot enable.
+        amount = Signal(range(width), name="push_rotation")
+        m.d.comb += amount.eq(write_at[:lane_bits] - self.push_lane)
         rotated = Signal(8 * width)
-        m.d.comb += rotated.eq(_rotate_left(self.push_data.as_value(), write_at[:lane_bits],
-                                            8, width))
+        m.d.comb += rotated.eq(_rotate_left(self.push_data.as_value(), amount, 8, width))
         poison_rotated = Signal(width)
-        m.d.comb += poison_rotated.eq(_rotate_left(self.push_poison, write_at[:lane_bits],
-                                                   1, width))
+        m.d.comb += poison_rotated.eq(_rotate_left(self.push_poison, amount, 1, width))
         for slot in range(capacity):
             offset = Signal(range(capacity), name=f"offset_{slot}")
             m.d.comb += offset.eq(slot - write_at)          # modulo the power-of-two ring

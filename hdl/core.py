@@ -150,6 +150,8 @@ class Core(wiring.Component):
         fault_latched = Signal()
         for index, engine in enumerate(Engine):
             sequencer, unit = sequencers[engine], units[engine]
+            for other in Engine:
+                m.d.comb += sequencer.signals[other].eq(sequencers[other].signal)
             wiring.connect(m, sequencer.fetch, arbiter.managers[1 + index])
             wiring.connect(m, sequencer.instruction, unit.instruction)
             m.d.comb += [

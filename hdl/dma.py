@@ -155,10 +155,28 @@ class DMA(wiring.Component):
         addr_bits = _addr_bits(cfg)
         m = Module()
 
-        m.submodules.queue = queue = fifo.SyncFIFOBuffered(
-            width=descriptor_layout(cfg).size, depth=QUEUE_DEPTH)
+        # The check's products (each dimension's reach in bytes and partitions, a
+        # multiplier each) are made as a descriptor enters the queue and wait in it beside
+        # the descriptor; IDLE adds them into each side's last byte and partition, so CHECK
+        # compares registers only (docs/fpga.md, "Timing").
+        products = {}
+        for name in ("src", "dst"):
+            side = getattr(self.descriptor.payload, name)
+            for dim in (1, 2):
+                count = getattr(self.descriptor.payload, f"n{dim}") - 1
+                products[f"{name}_{dim}_bytes"] = count * side[f"stride{dim}"]
+                products[f"{name}_{dim}_partitions"] = count * side[f"pstep{dim}"]
+        entry = data.StructLayout({
+            "desc": descriptor_layout(cfg),
+            "reach": data.StructLayout({key: product.shape()
+                                        for key, product in products.items()})})
+        m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size,
+                                                           depth=QUEUE_DEPTH)
+        incoming = Signal(entry)
         m.d.comb += [
-            queue.w_data.eq(self.descriptor.payload),
+            incoming.desc.eq(self.descriptor.payload),
+            *(incoming.reach[key].eq(product) for key, product in products.items()),
+            queue.w_data.eq(incoming),
             queue.w_en.eq(self.descriptor.valid),
             self.descriptor.ready.eq(queue.w_rdy),
         ]
@@ -264,7 +282,7 @@ class DMA(wiring.Component):
 
         m.d.comb += [
             src_issue.step.eq(ar_sent | requested),
-            src_issue.step_words.eq(Mux(src_hbm, src_issue.burst_words, 1)),
+            src_issue.step_burst.eq(src_hbm),
         ]
 
         # -- into the realignment buffer --------------------------------------------------
@@ -276,12 +294,12 @@ class DMA(wiring.Component):
             arrived_word.eq(Mux(src_hbm, axi.rdata, response.as_value())),
             arrived_bad.eq(read_error),
             src_take.step.eq(arrived),
-            src_take.step_words.eq(1),
         ]
         with m.If(arrived):
             m.d.comb += [
                 gearbox.push_count.eq(src_take.lane_count),
-                gearbox.push_data.eq(arrived_word >> (src_take.first_lane << 3)),
+                gearbox.push_lane.eq(src_take.first_lane),
+                gearbox.push_data.eq(arrived_word),
                 gearbox.push_poison.eq(arrived_bad.replicate(width)),
             ]
 
@@ -307,7 +325,7 @@ class DMA(wiring.Component):
             axi.awvalid.eq(running & dst_hbm & dst_issue.active
                            & (bursts_sent < MAX_OUTSTANDING)),
             dst_issue.step.eq(axi.awvalid & axi.awready),
-            dst_issue.step_words.eq(dst_issue.burst_words),
+            dst_issue.step_burst.eq(1),
         ]
         in_burst = Signal()
         beats_left = Signal(range(MAX_BURST + 1))
@@ -348,26 +366,14 @@ class DMA(wiring.Component):
         written = w_sent | put
         m.d.comb += [
             dst_put.step.eq(written),
-            dst_put.step_words.eq(1),
             gearbox.pop_count.eq(Mux(written, need, 0)),
         ]
 
         # -- descriptor sequencing --------------------------------------------------------
-        # The check's products (each dimension's reach in bytes and partitions) are made from
-        # the queue's head as IDLE takes it, so CHECK adds and compares registers only.
-        head = data.View(descriptor_layout(cfg), queue.r_data)
-        reach, next_reach = {}, []
-        for name in ("src", "dst"):
-            for dim in (1, 2):
-                count = getattr(head, f"n{dim}") - 1
-                side = getattr(head, name)
-                for kind, step in (("bytes", side[f"stride{dim}"]),
-                                   ("partitions", side[f"pstep{dim}"])):
-                    register = Signal.like(count * step, name=f"{name}_reach{dim}_{kind}")
-                    reach[name, dim, kind] = register
-                    next_reach.append(register.eq(count * step))
+        head = data.View(entry, queue.r_data)
+        extents = _extents(m, cfg, head.desc, head.reach)
         checked = Signal(4)
-        m.d.comb += checked.eq(_check(m, cfg, desc, row_bytes, reach))
+        m.d.comb += checked.eq(_check(m, cfg, desc, extents))
         finished = (~src_take.active & ~dst_put.active & (bursts_sent == 0)
                     & (reads_in_flight == 0) & (words_in_flight == 0))
         # Status outputs are registers: no combinational path from the FSM to the ports.
@@ -378,8 +384,10 @@ class DMA(wiring.Component):
             with m.State("IDLE"):
                 with m.If(queue.r_rdy & ~self.error):
                     m.d.comb += queue.r_en.eq(1)
-                    m.d.sync += [desc.eq(queue.r_data), self.busy.eq(1), *next_reach,
-                                 row_bytes.eq(head.n0 << head.elem_log2)]
+                    m.d.sync += [desc.eq(head.desc), self.busy.eq(1),
+                                 row_bytes.eq(head.desc.n0 << head.desc.elem_log2),
+                                 *(register.eq(value)
+                                   for register, value in extents.values())]
                     m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += start.eq(1)
@@ -403,21 +411,29 @@ class DMA(wiring.Component):
         return m
 
 
-def _check(m, cfg, desc, row_bytes, reach):
-    """The descriptor's :class:`ErrorCode` before anything moves (combinational), with
-    ``reach[side, dim, "bytes" | "partitions"]`` the products ``(n_dim - 1) * stride_dim``
-    and ``(n_dim - 1) * pstep_dim``."""
+def _extents(m, cfg, desc, reach):
+    """Each side's last byte and last partition, ``{(side, "byte" | "partition"):
+    (register, value)}``: the registers CHECK reads, and their values from the queue's head
+    ``desc`` with its products ``reach`` (``(n_dim - 1) * stride_dim`` and ``(n_dim - 1) *
+    pstep_dim``)."""
     extents = {}
-    for name, side in (("src", desc.src), ("dst", desc.dst)):
+    row_bytes = desc.n0 << desc.elem_log2
+    for name in ("src", "dst"):
+        side = getattr(desc, name)
         last_byte = Signal(_addr_bits(cfg) + SIZE_BITS + 4, name=f"{name}_last_byte")
         last_part = Signal(PARTITION_BITS + SIZE_BITS + 2, name=f"{name}_last_partition")
-        m.d.comb += [
-            last_byte.eq(side.addr + row_bytes - 1 + reach[name, 1, "bytes"]
-                         + reach[name, 2, "bytes"]),
-            last_part.eq(side.partition + reach[name, 1, "partitions"]
-                         + reach[name, 2, "partitions"]),
-        ]
-        extents[name] = (side, last_byte, last_part)
+        extents[name, "byte"] = (last_byte, side.addr + row_bytes - 1
+                                 + reach[f"{name}_1_bytes"] + reach[f"{name}_2_bytes"])
+        extents[name, "partition"] = (last_part, side.partition + reach[f"{name}_1_partitions"]
+                                      + reach[f"{name}_2_partitions"])
+    return extents
+
+
+def _check(m, cfg, desc, extents):
+    """The descriptor's :class:`ErrorCode` before anything moves (combinational), with
+    ``extents`` from :func:`_extents`."""
+    extents = {name: (getattr(desc, name), extents[name, "byte"][0],
+                      extents[name, "partition"][0]) for name in ("src", "dst")}
 
     def in_bounds(space, side, last_byte, last_part):
         sbuf_parts, sbuf_bytes = buffer_geometry(cfg, Space.SBUF)

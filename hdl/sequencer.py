@@ -2,7 +2,7 @@
 instruction, waits on its semaphore, hands it to the engine's execution unit, and signals
 semaphores as instructions complete (docs/isa.md)."""
 
-from amaranth import Cat, Module, Signal
+from amaranth import Array, Cat, Module, Signal
 from amaranth.hdl import ResetInserter
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -73,6 +73,10 @@ class Sequencer(wiring.Component):
         The instruction fetch port.
     semaphores : ``In(data.ArrayLayout(VALUE_BITS, config.semaphores))``
         The semaphore values.
+    signals : ``In(data.StructLayout({"valid": 1, "index": INDEX_BITS})).array(3)``
+        Every stream's semaphore increment in this cycle (this sequencer's ``signal``
+        among them), which ``semaphores`` shows from the next: the wait's verdict is made
+        a cycle ahead, from both.
     signal : ``Out(data.StructLayout({"valid": 1, "index": INDEX_BITS}))``
         A semaphore increment (one cycle).
     instruction : ``Out(stream.Signature(unit_layout(engine)))``
@@ -107,6 +111,8 @@ class Sequencer(wiring.Component):
             "fetch": Out(AXI4ReadSignature(addr_width=config.hbm_addr_bits,
                                            data_width=8 * config.dma_bus_bytes)),
             "semaphores": In(data.ArrayLayout(VALUE_BITS, config.semaphores)),
+            "signals": In(data.StructLayout({"valid": 1, "index": INDEX_BITS}))
+            .array(len(Engine)),
             "signal": Out(data.StructLayout({"valid": 1, "index": INDEX_BITS})),
             "instruction": Out(stream.Signature(self._layout)),
             "check": Out(self._layout), "check_valid": Out(1), "fault": In(3),
@@ -213,11 +219,22 @@ class Sequencer(wiring.Component):
             m.d.comb += check_code.eq(Fault.BAD_FIELD)
         with m.Elif(is_unit):
             m.d.comb += check_code.eq(self.fault)
-        wait_value = Signal(VALUE_BITS)
-        m.d.comb += wait_value.eq(
-            self.semaphores[header.wait_sem[:max(1, ceil_log2(semaphores))]])
+        # The wait's verdict is registered: READY's issue, which hands the instruction over
+        # and enables the unit's registers, then starts from a flip-flop. It is made for the
+        # semaphore's value in the next cycle, this one's plus this cycle's increments of it
+        # (one per stream at most), so the timing is as if compared in that cycle: each
+        # possible sum is compared from registers, and the increments' valids, which come
+        # late (from the units' completions through the retire queues), only choose.
+        value = Signal(VALUE_BITS)
+        m.d.comb += value.eq(self.semaphores[header.wait_sem[:max(1, ceil_log2(semaphores))]])
+        reached = []
+        for gain in range(len(self.signals) + 1):
+            verdict = Signal(name=f"reached_with_{gain}")
+            m.d.comb += verdict.eq((value + gain)[:VALUE_BITS] >= header.wait_value)
+            reached.append(verdict)
+        hits = Cat(signal.valid & (signal.index == header.wait_sem) for signal in self.signals)
         wait_ok = Signal()
-        m.d.comb += wait_ok.eq(~header.wait | (wait_value >= header.wait_value))
+        m.d.sync += wait_ok.eq(~header.wait | Array(reached)[sum(hits)])
 
         # -- retire queue --------------------------------------------------------------------
         entry = data.StructLayout({"self_retiring": 1, "signal": 1, "index": INDEX_BITS,

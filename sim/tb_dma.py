@@ -209,7 +209,7 @@ def random_descriptor(rng, config):
 def invalid_descriptor(rng, config):
     """A descriptor that must be refused before anything moves."""
     desc = random_descriptor(rng, config)
-    kind = int(rng.integers(5))
+    kind = int(rng.integers(6))
     if kind == 0:
         return golden.Descriptor(desc.src, desc.dst, n0=desc.n0, n1=0, n2=desc.n2)
     if kind == 1:
@@ -229,6 +229,14 @@ def invalid_descriptor(rng, config):
         else:
             dst = golden.Side(space, partition=buffer_geometry(config, space)[0] - 1, pstep1=1)
         return golden.Descriptor(desc.src, dst, n0=desc.n0, n1=2, elem_log2=desc.elem_log2)
+    if kind == 4:     # the first plane fits; the second runs past the end (bytes or parts)
+        space, length = desc.src.space, desc.row_bytes
+        if space == Space.HBM:
+            src = golden.Side(space, addr=config.hbm_bytes - length, stride2=length)
+        else:
+            src = golden.Side(space, addr=desc.src.addr,
+                              partition=buffer_geometry(config, space)[0] - 1, pstep2=1)
+        return golden.Descriptor(src, desc.dst, n0=desc.n0, n2=2, elem_log2=desc.elem_log2)
     side = golden.Side(Space.SBUF, addr=8, partition=0, pstep1=1)    # overlapping copy
     return golden.Descriptor(side, golden.Side(Space.SBUF, addr=12, partition=1, pstep1=1),
                              n0=16, n1=2)

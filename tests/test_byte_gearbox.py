@@ -1,5 +1,5 @@
-"""The DMA's realignment buffer against a byte queue: random pushes and pops of up to a word
-per cycle, every cycle's head, poison and level compared."""
+"""The DMA's realignment buffer against a byte queue: random pushes (from any lane) and pops of
+up to a word per cycle, every cycle's head, poison and level compared."""
 
 import random
 from collections import deque
@@ -29,15 +29,17 @@ def test_byte_gearbox_is_a_byte_queue(word_bytes, capacity):
             # Bursts of pushes or of pops so the level sweeps the whole range.
             pop = rng.randint(0, min(level, word_bytes)) if rng.random() < 0.5 else 0
             push = rng.randint(0, min(capacity - level, word_bytes))
+            lane = rng.randint(0, word_bytes - max(push, 1))     # where the pushed bytes start
             data = [rng.randrange(256) for _ in range(word_bytes)]
             bad = rng.random() < 0.2
             ctx.set(dut.pop_count, pop)
             ctx.set(dut.push_count, push)
+            ctx.set(dut.push_lane, lane)
             ctx.set(dut.push_data.as_value(), sum(b << (8 * i) for i, b in enumerate(data)))
             ctx.set(dut.push_poison, (1 << word_bytes) - 1 if bad else 0)
             for _ in range(pop):
                 queue.popleft()
-            queue.extend((byte, int(bad)) for byte in data[:push])
+            queue.extend((byte, int(bad)) for byte in data[lane:lane + push])
             await ctx.tick()
 
     sim = Simulator(dut)

@@ -264,6 +264,7 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
     async def bench(ctx):
         port = dut.fetch
         own = [0] * sems                   # increments signalled so far
+        bump = None                        # another stream's increment in this cycle
         queue = deque()                    # retire queue: (pc, unit, signal, index, is_end)
         unit_done = 0                      # unit retires not yet matched
         retires = deque()                  # cycles of the unit's future retire pulses
@@ -288,8 +289,11 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 ctx.set(dut.program, runs[run])
             halted = bool(halt(cycle)) if halt is not None else False
             ctx.set(dut.halt, halted)
-            if rng.random() < sem_rate:
-                base[rng.randrange(sems)] += 1
+            # Another stream's increment, drawn a cycle ahead: the sequencer is told this
+            # cycle's increments (its wait's verdict is made for the next cycle's values).
+            if bump is not None:
+                base[bump] += 1
+            bump = rng.randrange(sems) if rng.random() < sem_rate else None
             values = [(base[i] + own[i]) & VALUE_MASK for i in range(sems)]
             ctx.set(dut.semaphores.as_value(),
                     sum(v << (VALUE_BITS * i) for i, v in enumerate(values)))
@@ -306,6 +310,11 @@ def _run(cfg, engine, image, runs, *, seed, bad=frozenset(), ready=0.7, delay=(1
                 stats["back_to_back"] += last_retire == cycle - 1
                 last_retire = cycle
             ctx.set(dut.retire, retire)
+            # Every stream's increments of this cycle: this one's, another's, and none.
+            ctx.set(dut.signals[0].valid, ctx.get(dut.signal.valid))
+            ctx.set(dut.signals[0].index, ctx.get(dut.signal.index))
+            ctx.set(dut.signals[1].valid, bump is not None)
+            ctx.set(dut.signals[1].index, bump or 0)
             hbm.drive(ctx, port, cycle)
             # valid must not depend on ready.
             ctx.set(dut.instruction.ready, 0)

@@ -31,7 +31,7 @@ def test_dma(top, preset):
     require_simulator(sim)
     result = runner.run(config.preset(preset), "opentrn.sim.tb_dma", top, sim,
                         testcase=["test_random_descriptors", "test_axi_errors"],
-                        env={"OPENTRN_CASES": CASES, "OPENTRN_SEED": 5})
+                        env={"OPENTRN_CASES": CASES, "OPENTRN_SEED": 6})
     assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"
     records = {record["test"]: record for record in result.reports}
     assert set(records) == {"random_descriptors", "axi_errors"}

@@ -100,6 +100,12 @@ PROGRESS_SECONDS = 10.0
 #: pass on, for half an hour) and reports where the congestion is.
 STALL_ITERATIONS = 8
 STALL_MARGIN = 0.02
+#: With at most this many overused wires left, the router gets :data:`STALL_ITERATIONS_FEW`
+#: passes instead: they take seconds then, and a routable design can hover long before it
+#: converges (a 4x4 board top: 241 to 273 overused wires over the 8 passes after its 26th,
+#: stopped; another netlist 102 to 103 over passes 17 and 18, routed at 45; one 147 passes).
+STALL_FEW = 1000
+STALL_ITERATIONS_FEW = 40
 #: Below this many overused wires the router is never stopped: the last few take it many
 #: passes (a 4x4 board top: 17 after pass 37, 12 after 43, 1 after 51, routed at 53).
 STALL_FLOOR = 100
@@ -199,9 +205,15 @@ class _RouterWatch:
         return True
 
     @property
+    def patience(self):
+        """Passes without a new low that the router gets at its latest count."""
+        few = self.last is not None and self.last[1] <= STALL_FEW
+        return STALL_ITERATIONS_FEW if few else STALL_ITERATIONS
+
+    @property
     def stalled(self):
         return (self.last is not None and self.last[1] > STALL_FLOOR
-                and self.last[0] - self.best[1] >= STALL_ITERATIONS)
+                and self.last[0] - self.best[1] >= self.patience)
 
 
 #: Lines of each tool's output that start a phase worth a progress line at once.
@@ -261,8 +273,8 @@ def _run(name, args, *, cwd, log, progress, env=None):
                 congestion = congestion_by_block(heatmap) if heatmap.exists() else []
                 raise RoutingStalled(
                     f"{name}: routing does not converge: {overused:,} wires still overused "
-                    f"after pass {iteration}, no fewer than {STALL_ITERATIONS} passes before "
-                    f"(the design is congested; log {log})", iteration=iteration,
+                    f"after pass {iteration}, no fewer than {watcher.router.patience} passes "
+                    f"before (the design is congested; log {log})", iteration=iteration,
                     overused=overused, congestion=congestion)
         code = process.wait()
     if code:
