@@ -173,9 +173,12 @@ class DMA(wiring.Component):
         m.submodules.queue = queue = fifo.SyncFIFOBuffered(width=entry.size,
                                                            depth=QUEUE_DEPTH)
         incoming = Signal(entry)
+        with m.If(self.descriptor.valid):
+            # Only what enters the queue counts: under its valid, a process on the
+            # simulators, not products recomputed as the sequencer assembles each beat.
+            m.d.comb += [incoming.reach[key].eq(product) for key, product in products.items()]
         m.d.comb += [
             incoming.desc.eq(self.descriptor.payload),
-            *(incoming.reach[key].eq(product) for key, product in products.items()),
             queue.w_data.eq(incoming),
             queue.w_en.eq(self.descriptor.valid),
             self.descriptor.ready.eq(queue.w_rdy),

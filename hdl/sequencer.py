@@ -230,7 +230,8 @@ class Sequencer(wiring.Component):
         reached = []
         for gain in range(len(self.signals) + 1):
             verdict = Signal(name=f"reached_with_{gain}")
-            m.d.comb += verdict.eq((value + gain)[:VALUE_BITS] >= header.wait_value)
+            with m.If(header.wait):     # a process on the simulators (the word changes often)
+                m.d.comb += verdict.eq((value + gain)[:VALUE_BITS] >= header.wait_value)
             reached.append(verdict)
         hits = Cat(signal.valid & (signal.index == header.wait_sem) for signal in self.signals)
         wait_ok = Signal()
