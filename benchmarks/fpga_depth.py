@@ -8,7 +8,9 @@ leaves in its build folder), with a fixed delay per cell and per net.
 
 An estimate for finding paths, not a timing sign-off: the delays are typical ECP5 figures
 (a LUT 0.25 ns, a carry step 0.05, a block RAM's unregistered output 3 ns, a combinational
-18x18 multiplier 4 ns) plus ``--net-ns`` per net (placed, unrouted). On the board top it
+18x18 multiplier 4 ns) plus ``--net-ns`` per net (placed, unrouted), except the carry chain
+and the wide multiplexers' data inputs, which are wired inside a slice (until December 2026
+those were charged as nets, which ranked Yosys's wide-multiplexer mappings too deep). On the board top it
 pointed at the paths whose changes took nextpnr's estimate after placement from 35.7 to
 52.0 MHz (docs/fpga.md, "Timing").
 Each line: the estimate, the cells on the path, its end, its start, and the blocks it
@@ -25,6 +27,9 @@ import sys
 CELL_NS = {"LUT4": 0.25, "PFUMX": 0.15, "L6MUX21": 0.15, "CCU2C": 0.3, "TRELLIS_DPR16X4": 0.5,
            "MULT18X18D": 4.0}
 CARRY_NS = 0.05
+#: Inputs wired inside a slice, not routed: a PFUMX's two LUT outputs, an L6MUX21's two
+#: PFUMX outputs (nextpnr's reports give them 0 ns of routing). Only their select is routed.
+IN_SLICE = {"PFUMX": ("ALUT", "BLUT"), "L6MUX21": ("D0", "D1")}
 #: ns from the clock to the output of a cell that starts a path.
 START_NS = {"TRELLIS_FF": 0.4, "DP16KD": 3.0, "TRELLIS_IO": 0.0}
 _SUFFIX = re.compile(r"_(TRELLIS|LUT4|CCU2C|PFUMX|L6MUX|MULT|DP16).*")
@@ -47,15 +52,16 @@ class Netlist:
         self.arrival, self.previous = {}, {}
 
     def _inputs(self, cell, port):
-        """(input bit, delay to ``port``) of a combinational cell."""
+        """(input bit, delay to ``port``, whether a routed net leads to it) of a
+        combinational cell."""
         kind, connections = cell["type"], cell["connections"]
         if kind == "CCU2C":
             for bit in connections.get("CIN", []):
-                yield bit, CARRY_NS
+                yield bit, CARRY_NS, False
             extra = 0.2 if port != "COUT" else 0.0
             for name in ("A0", "B0", "C0", "D0", "A1", "B1", "C1", "D1"):
                 for bit in connections.get(name, []):
-                    yield bit, CELL_NS["CCU2C"] + extra
+                    yield bit, CELL_NS["CCU2C"] + extra, True
             return
         if kind == "MULT18X18D":
             names = [p for p in connections if p[0] in "AB" and p[1:].isdigit()]
@@ -65,7 +71,7 @@ class Netlist:
             names = [p for p, d in cell["port_directions"].items() if d == "input"]
         for name in names:
             for bit in connections.get(name, []):
-                yield bit, CELL_NS.get(kind, 0.3)
+                yield bit, CELL_NS.get(kind, 0.3), name not in IN_SLICE.get(kind, ())
 
     def arrive(self, bit, net_ns):
         """ns from the clock to net ``bit`` (iteratively: paths are thousands of cells)."""
@@ -87,15 +93,15 @@ class Netlist:
                 self.previous[top] = None
                 stack.pop()
                 continue
-            inputs = [(b, d) for b, d in self._inputs(cell, port) if not isinstance(b, str)]
-            pending = [b for b, _ in inputs if b not in self.arrival and b not in stack]
+            inputs = [(b, d, net) for b, d, net in self._inputs(cell, port)
+                      if not isinstance(b, str)]
+            pending = [b for b, _, _ in inputs if b not in self.arrival and b not in stack]
             if pending:
                 stack.extend(pending)
                 continue
             best, via = 0.0, None
-            for source, delay in inputs:
-                value = self.arrival.get(source, 0.0) + delay + (
-                    0.0 if delay == CARRY_NS else net_ns)
+            for source, delay, net in inputs:
+                value = self.arrival.get(source, 0.0) + delay + (net_ns if net else 0.0)
                 if value > best:
                     best, via = value, source
             self.arrival[top], self.previous[top] = best, via

@@ -250,10 +250,11 @@ def run(config, program):
 
 def latency(config):
     """Cycles from a moving vector's acceptance to its result beat: ``K (1 + A) + M - 1 +
-    S``, with ``S = config.pe_multiply_stages`` registers between the PEs' multipliers and
-    adders and ``A = config.pe_add_stages`` in their adders (the rows' skew is ``1 + A``)."""
+    S + I``, with ``S = config.pe_multiply_stages`` registers between the PEs' multipliers
+    and adders, ``A = config.pe_add_stages`` in their adders (the rows' skew is ``1 + A``)
+    and ``I = config.pe_input_stages`` in front of the array."""
     return (config.pe_rows * (1 + config.pe_add_stages) + config.pe_cols - 1
-            + config.pe_multiply_stages)
+            + config.pe_multiply_stages + config.pe_input_stages)
 
 
 def load_cycles(config):

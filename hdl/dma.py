@@ -3,7 +3,7 @@ state buffer (SBUF) and the partial-sum buffer (PSUM), with up to 3-D access pat
 
 import enum
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
@@ -227,17 +227,22 @@ class DMA(wiring.Component):
             with m.If(overridable):
                 m.d.sync += code.eq(error)
 
-        src_hbm = desc.src_space == Space.HBM
-        dst_hbm = desc.dst_space == Space.HBM
+        # Each side's space, one-hot, registered with the descriptor (in IDLE, below): the
+        # handshakes and the response select read flip-flops, not compares of the fields
+        # (the reads' valid into the core's AXI arbiter was its deepest path, docs/fpga.md).
+        spaces = (Space.HBM, Space.SBUF, Space.PSUM)
+        src_in = {space: Signal(name=f"src_in_{space.name.lower()}") for space in spaces}
+        dst_in = {space: Signal(name=f"dst_in_{space.name.lower()}") for space in spaces}
+        src_hbm, dst_hbm = src_in[Space.HBM], dst_in[Space.HBM]
 
         # -- source: HBM reads ------------------------------------------------------------
         axi = self.axi
         reads_in_flight = Signal(range(MAX_OUTSTANDING + 1))
+        read_room = Signal(init=1)          # reads_in_flight < MAX_OUTSTANDING, registered
         m.d.comb += [
             axi.arid.eq(0), axi.araddr.eq(src_issue.address), axi.arsize.eq(shift),
             axi.arburst.eq(BURST_INCR), axi.arlen.eq(src_issue.burst_words - 1),
-            axi.arvalid.eq(running & src_hbm & src_issue.active
-                           & (reads_in_flight < MAX_OUTSTANDING)),
+            axi.arvalid.eq(running & src_hbm & src_issue.active & read_room),
             # Take a beat only while a whole word fits: no path from the pop to the push.
             axi.rready.eq(running & src_hbm & src_take.active
                           & (gearbox.level <= capacity - width)),
@@ -246,25 +251,27 @@ class DMA(wiring.Component):
         r_taken = axi.rvalid & axi.rready
         last_taken = r_taken & axi.rlast
         with m.If(ar_sent & ~last_taken):
-            m.d.sync += reads_in_flight.eq(reads_in_flight + 1)
+            m.d.sync += [reads_in_flight.eq(reads_in_flight + 1),
+                         read_room.eq(reads_in_flight + 1 < MAX_OUTSTANDING)]
         with m.Elif(~ar_sent & last_taken):
-            m.d.sync += reads_in_flight.eq(reads_in_flight - 1)
+            m.d.sync += [reads_in_flight.eq(reads_in_flight - 1), read_room.eq(1)]
         read_error = r_taken & (axi.rresp != RESP_OKAY)
         with m.If(read_error):
             record(Mux(axi.rresp == RESP_DECERR, ErrorCode.READ_DECERR, ErrorCode.READ_SLVERR),
                    read=True)
 
         # -- source: buffer reads ---------------------------------------------------------
-        # A response cannot wait, so a request goes out only when its word is sure to fit.
+        # A response cannot wait, so a request goes out only when its word is sure to fit:
+        # ``word_room`` is ``level + (words_in_flight + 1) * width <= capacity``, a register
+        # made a cycle ahead (below, after the destination's handshakes).
         words_in_flight = Signal(range(3))
+        word_room = Signal(init=1)
         buffer_request = Signal()
-        m.d.comb += buffer_request.eq(
-            running & ~src_hbm & src_issue.active
-            & (gearbox.level + ((words_in_flight + 1) << shift) <= capacity))
+        m.d.comb += buffer_request.eq(running & ~src_hbm & src_issue.active & word_room)
         requested = Signal()
         responses = []
         for space, port in ((Space.SBUF, self.sbuf_read), (Space.PSUM, self.psum_read)):
-            chosen = desc.src_space == space
+            chosen = src_in[space]
             m.d.comb += [
                 port.request.valid.eq(buffer_request & chosen),
                 port.request.payload.partition.eq(src_issue.row_partition),
@@ -358,7 +365,7 @@ class DMA(wiring.Component):
         put = Signal()
         for space, port in ((Space.SBUF, self.sbuf_write), (Space.PSUM, self.psum_write)):
             m.d.comb += [
-                port.valid.eq(have & (desc.dst_space == space)),
+                port.valid.eq(have & dst_in[space]),
                 port.payload.partition.eq(dst_put.row_partition),
                 port.payload.word.eq(dst_put.word),
                 port.payload.data.eq(out_data),
@@ -371,6 +378,20 @@ class DMA(wiring.Component):
             dst_put.step.eq(written),
             gearbox.pop_count.eq(Mux(written, need, 0)),
         ]
+
+        # The buffer reads' room for next cycle, for each outcome of this cycle's handshakes
+        # (a word arrives: the row's lanes pushed; one is written: the put row's lanes
+        # popped; a request and a response change the words in flight) compared from
+        # registers; the handshakes only choose, so a memory's read grant does not follow an
+        # adder and a compare into the arbiter (docs/fpga.md, "Timing").
+        with m.Switch(Cat(requested, responded, written, arrived)):
+            for outcome in range(16):
+                request, answer, pop, push = ((outcome >> bit) & 1 for bit in range(4))
+                level = (gearbox.level + (src_take.lane_count if push else 0)
+                         - (need if pop else 0))
+                in_flight = words_in_flight + (request - answer + 1)
+                with m.Case(outcome):
+                    m.d.sync += word_room.eq(level + (in_flight << shift) <= capacity)
 
         # -- descriptor sequencing --------------------------------------------------------
         head = data.View(entry, queue.r_data)
@@ -388,6 +409,10 @@ class DMA(wiring.Component):
                 with m.If(queue.r_rdy & ~self.error):
                     m.d.comb += queue.r_en.eq(1)
                     m.d.sync += [desc.eq(head.desc), self.busy.eq(1),
+                                 *(src_in[space].eq(head.desc.src_space == space)
+                                   for space in spaces),
+                                 *(dst_in[space].eq(head.desc.dst_space == space)
+                                   for space in spaces),
                                  row_bytes.eq(head.desc.n0 << head.desc.elem_log2),
                                  *(register.eq(value)
                                    for register, value in extents.values())]

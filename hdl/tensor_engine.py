@@ -21,9 +21,10 @@ __all__ = ["TensorEngine", "formats", "latency", "mx_blocks", "mx_block_rows",
 
 def latency(config):
     """Cycles from a moving vector's acceptance to its result beat: ``K (1 + A) + M - 1 +
-    S`` (``A = pe_add_stages``, the rows' skew less one; ``S = pe_multiply_stages``)."""
+    S + I`` (``A = pe_add_stages``, the rows' skew less one; ``S = pe_multiply_stages``;
+    ``I = pe_input_stages``)."""
     return (config.pe_rows * (1 + config.pe_add_stages) + config.pe_cols - 1
-            + config.pe_multiply_stages)
+            + config.pe_multiply_stages + config.pe_input_stages)
 
 
 def formats(config):
@@ -128,8 +129,11 @@ class TensorEngine(wiring.Component):
     * a stationary load takes ``M / c`` beats (``c = config.load_columns`` columns each: 1,
       or 2 with ``fast_weight_load = 2``), one per cycle, into a bank no tile in use holds;
     * a moving vector accepted in cycle ``c`` produces its result beat in cycle
-      ``c + K (1 + A) + M - 1 + S`` (``S = config.pe_multiply_stages``, registers between
-      the PEs' multipliers and adders), one vector per cycle;
+      ``c + K (1 + A) + M - 1 + S + I`` (``S = config.pe_multiply_stages``, registers
+      between the PEs' multipliers and adders; ``I = config.pe_input_stages``, registers in
+      front of the array that every row's vectors pass, and with the fast weight load its
+      skewed weight writes, so the first row's multipliers start from flip-flops), one
+      vector per cycle;
     * the banks (2, or 3 with ``fast_weight_load = 2``) are used in turn. A load into the
       bank a ``swap`` retired starts ``G`` cycles after that swap, and a swap waits for its
       whole load, so a stream of matmuls that each take a fresh tile issues one every
@@ -260,10 +264,12 @@ class TensorEngine(wiring.Component):
 
         # Skew: row k sees a vector k*skew_step advances after row 0, in step with the
         # partial sums coming down from the rows above (each PE holds one skew_step
-        # advances); de-skew: column m leaves the array m advances after column 0 and is
+        # advances); row 0 sees it pe_input_stages advances after it is taken (the input
+        # registers). De-skew: column m leaves the array m advances after column 0 and is
         # delayed M-1-m more. Delay lines of one block each (DelayLine: a circular buffer,
         # the same module whatever the delay), all written at one index, the advances so far.
-        skew_depth = 1 << ceil_log2((rows - 1) * skew_step + 1)
+        entry = cfg.pe_input_stages
+        skew_depth = 1 << ceil_log2((rows - 1) * skew_step + entry + 1)
         skew_index = Signal(range(skew_depth), name="skew_index")
         deskew_index = Signal(range(cols), name="deskew_index")
         with m.If(advance):
@@ -285,7 +291,7 @@ class TensorEngine(wiring.Component):
         m.d.comb += [array.enable.eq(advance), array.psum_in.eq(0)]
         # Which rows' skewed beats are writes: a register chain with a reset, so that words
         # left in the lines from before a reset never write a bank.
-        load_in_flight = Signal(max((rows - 1) * skew_step, 1))
+        load_in_flight = Signal(max((rows - 1) * skew_step + entry, 1))
         if fast:
             with m.If(advance):
                 m.d.sync += load_in_flight.eq(Cat(load, load_in_flight))
@@ -307,14 +313,22 @@ class TensorEngine(wiring.Component):
                 writing.append(Cat(self.stationary.payload.scale[j * blocks + row // block_rows]
                                    for j in range(per_beat)))
             lined = entering + writing if fast else entering
-            skewed = delay_line(f"skew_{row}", Cat(*lined), row * skew_step, skew_index,
-                                skew_depth)
+            delay = entry + row * skew_step
+            skewed = delay_line(f"skew_{row}", Cat(*lined), delay, skew_index, skew_depth)
             fields = [len(Value.cast(value)) for value in lined]
             starts = [sum(fields[:i]) for i in range(len(fields))]
             fields_out = [skewed[start:start + width]
                           for start, width in zip(starts, fields, strict=True)]
             x, bank, fmt, *scale = fields_out[:len(entering)]
-            write = fields_out[len(entering):] if fast else [Value.cast(v) for v in writing]
+            # Without the fast load a beat writes every row at once, as it is taken, not
+            # behind the input registers: the reload guard leaves the retired tile's last
+            # vector two cycles to spare (it passes row K - 1 by the cycle a load may write
+            # it), so up to two input stages need no more (config: pe_input_stages <= 2).
+            if fast:
+                write = fields_out[len(entering):]
+                write_enable = load_in_flight[delay - 1] & advance if delay else load
+            else:
+                write, write_enable = [Value.cast(value) for value in writing], load
             weight_data, weight_bank, *column = write[:3 if beats > 1 else 2]
             m.d.comb += [
                 row_field(array.x_in, row).eq(x),
@@ -323,9 +337,7 @@ class TensorEngine(wiring.Component):
                 # Writes only as the array advances: a load may write a column in the
                 # cycle the retired tile's last vector uses it (two columns a beat), which
                 # is right only if both happen in the same advance.
-                row_field(array.weight_we, row).eq(
-                    (load_in_flight[row * skew_step - 1] & advance if row else load)
-                    if fast else load),
+                row_field(array.weight_we, row).eq(write_enable),
                 row_field(array.weight_bank, row).eq(weight_bank),
                 row_field(array.weight_data, row).eq(weight_data),
             ]

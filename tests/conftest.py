@@ -15,11 +15,13 @@ SIM_BUILDS = {
     "tiny-acc16": config.preset("tiny").replace(dtypes=("int8",), acc_bits=16),
     # Every format with the FP datapath in as many stages as it can be cut into (an FPGA
     # build's, docs/fpga.md, "Float formats"): four registers between the PEs' multipliers
-    # and adders (the fpga preset has one; three inside a float multiplier) and four in
-    # their adders (the latency formula K (1 + A) + M - 1 + S, cycle-exact); the activation
-    # lanes' two input stages (the fpga preset has the first), two more multiply stages and
-    # four in their adders; four in the PSUM's accumulate.
+    # and adders (the fpga preset has one; three inside a float multiplier), four in their
+    # adders and two in front of the array (the fpga preset has one; the latency formula
+    # K (1 + A) + M - 1 + S + I, cycle-exact); the activation lanes' two input stages (the
+    # fpga preset has the first), two more multiply stages and four in their adders; four
+    # in the PSUM's accumulate.
     "tiny-staged": config.preset("tiny").replace(pe_multiply_stages=4, pe_add_stages=4,
+                                                 pe_input_stages=2,
                                                  activation_input_stages=2,
                                                  activation_multiply_stages=2,
                                                  activation_add_stages=4, psum_add_stages=4),

@@ -29,9 +29,11 @@ BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
           "tiny-staged": SIM_BUILDS["tiny-staged"],
           # The fast weight loads: a fresh tile every max(N, M + 1); with two columns a beat
           # into three banks (on in trn2/trn3), every max(N, M / 2), here with the rows
-          # two cycles apart (an add stage: the loads' rows are skewed as the vectors').
+          # two cycles apart (an add stage: the loads' rows are skewed as the vectors') and
+          # a register in front of the array (the loads pass it with the vectors).
           "tiny-fast": config.preset("tiny").replace(fast_weight_load=1),
-          "tiny-fast2": config.preset("tiny").replace(fast_weight_load=2, pe_add_stages=1)}
+          "tiny-fast2": config.preset("tiny").replace(fast_weight_load=2, pe_add_stages=1,
+                                                      pe_input_stages=1)}
 #: Random kernels per build: (build, simulator, count, largest dimension). The builds other
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.

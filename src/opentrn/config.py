@@ -74,19 +74,29 @@ class Config:
         product, with three or more its second too, after the normalization, with four its
         third, after the subnormal shift; one always after the product): 0 multiplies and
         accumulates in one cycle; each stage adds a cycle to the array's latency (a moving
-        vector's result leaves ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages``
-        cycles after it) and nothing to its throughput, so an FPGA build reaches its clock
-        (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+        vector's result leaves ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages +
+        pe_input_stages`` cycles after it) and nothing to its throughput, so an FPGA
+        build reaches its clock (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
+    pe_input_stages : int
+        Registers in front of the array, 0 to 2: every row's moving vectors (with their
+        weight bank, format and scales; with ``fast_weight_load``, the skewed stationary
+        writes too) pass them, so the first row's multipliers start from flip-flops rather
+        than from the tensor unit's choice of the vector. Each adds a cycle to the array's
+        latency (``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages + pe_input_stages``)
+        and nothing to its throughput or its reloads: without the fast load a stationary
+        beat still writes every row as it is taken, which the reload guard allows for two
+        stages (the retired tile's last vector has passed each column by then), not three.
+        The ``fpga`` preset has 1 (docs/fpga.md, "Timing").
     pe_add_stages : int
         Registers inside each PE's accumulating FP32 adder, 0 to 4 (after the alignment,
         after the add, after the ordering of the operands, after the normalization, in
         that order; the integer sum is delayed to match): each delays a partial sum a
         cycle more per row, so the moving vectors' skew is ``1 + pe_add_stages`` cycles a
-        row, the array's latency ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages``
-        and, without ``fast_weight_load``, a reload of a retired bank waits ``K + (K - 1)
-        pe_add_stages`` cycles; the throughput does not change. Needs one MAC per PE per
-        cycle in every format (``pe_macs_per_cycle`` empty). For an FPGA build with float
-        formats (docs/fpga.md, "Float formats").
+        row, the array's latency ``K (1 + pe_add_stages) + M - 1 + pe_multiply_stages +
+        pe_input_stages`` and, without ``fast_weight_load``, a reload of a retired bank
+        waits ``K + (K - 1) pe_add_stages`` cycles; the throughput does not change. Needs
+        one MAC per PE per cycle in every format (``pe_macs_per_cycle`` empty). For an
+        FPGA build with float formats (docs/fpga.md, "Float formats").
     activation_input_stages : int
         Stages in front of the activation lanes' multipliers, 0 to 2: 1 takes the choice
         of a lane's input (a PSUM entry, or a byte of an SBUF word) off the path into its
@@ -162,6 +172,7 @@ class Config:
     dtypes: tuple
     pe_macs_per_cycle: tuple = ()
     pe_multiply_stages: int = 0
+    pe_input_stages: int = 0
     pe_add_stages: int = 0
     activation_input_stages: int = 0
     activation_multiply_stages: int = 0
@@ -238,6 +249,7 @@ class Config:
              "must be a power of two between 1 and 65536")
         rule("pe_multiply_stages", 0 <= self.pe_multiply_stages <= 4,
              "must be between 0 and 4")
+        rule("pe_input_stages", 0 <= self.pe_input_stages <= 2, "must be 0, 1 or 2")
         rule("pe_add_stages", 0 <= self.pe_add_stages <= 4, "must be between 0 and 4")
         if self.pe_add_stages:
             packed = [name for name in self.dtypes if self.macs_per_pe_cycle(name) > 1]
@@ -396,7 +408,8 @@ class Config:
 
 _FIELD_TYPES = {
     "pe_rows": int, "pe_cols": int, "dtypes": tuple, "pe_macs_per_cycle": tuple,
-    "pe_multiply_stages": int, "pe_add_stages": int, "activation_input_stages": int,
+    "pe_multiply_stages": int, "pe_input_stages": int, "pe_add_stages": int,
+    "activation_input_stages": int,
     "activation_multiply_stages": int,
     "activation_add_stages": int, "psum_add_stages": int, "fast_weight_load": int,
     "acc_bits": int, "moving_max": int,
@@ -490,10 +503,11 @@ PRESETS = {
     # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
     # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32
     # bit; its HBM is on-chip block RAM of the board top (docs/fpga.md), 128 KiB = 64 more.
-    # A register after each PE multiplier and one before each activation lane's: the 100 MHz
-    # of the ECPIX-5 board (docs/fpga.md).
+    # A register after each PE multiplier, one in front of the array and one before each
+    # activation lane's multiplier: the 100 MHz of the ECPIX-5 board (docs/fpga.md).
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
-             "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1, "activation_input_stages": 1},
+             "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1, "pe_input_stages": 1,
+             "activation_input_stages": 1},
     # The formats of the published throughput figures (the reference file): BF16 and FP8 on
     # both, MXFP8 on Trainium3 (nc_matmul_mx). The MAC rates are the ratios of the published
     # per-core figures: NeuronCore-v3 tflops_fp8 158 = 2 x tflops_bf16 79, NeuronCore-v4
