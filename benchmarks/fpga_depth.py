@@ -10,9 +10,9 @@ An estimate for finding paths, not a timing sign-off: the delays are typical ECP
 (a LUT 0.25 ns, a carry step 0.05, a block RAM's unregistered output 3 ns, a combinational
 18x18 multiplier 4 ns) plus ``--net-ns`` per net (placed, unrouted), except the carry chain
 and the wide multiplexers' data inputs, which are wired inside a slice (until December 2026
-those were charged as nets, which ranked Yosys's wide-multiplexer mappings too deep). On the board top it
-pointed at the paths whose changes took nextpnr's estimate after placement from 35.7 to
-52.0 MHz (docs/fpga.md, "Timing").
+those were charged as nets, which ranked Yosys's wide-multiplexer mappings too deep). On
+the board top it pointed at the paths whose changes took nextpnr's estimate after
+placement from 35.7 to 52.0 MHz (docs/fpga.md, "Timing").
 Each line: the estimate, the cells on the path, its end, its start, and the blocks it
 crosses (cells are named after the signals they drive, so the names are hints).
 """
