@@ -321,9 +321,10 @@ class TensorEngine(wiring.Component):
                           for start, width in zip(starts, fields, strict=True)]
             x, bank, fmt, *scale = fields_out[:len(entering)]
             # Without the fast load a beat writes every row at once, as it is taken, not
-            # behind the input registers: the reload guard leaves the retired tile's last
-            # vector two cycles to spare (it passes row K - 1 by the cycle a load may write
-            # it), so up to two input stages need no more (config: pe_input_stages <= 2).
+            # behind the input registers: with up to two stages the reload guard still has
+            # each column written no earlier than the cycle the retired tile's last vector
+            # last reads it (which reads the old weight); with three it would be written
+            # before (tried: the testbench fails), so Config allows two.
             if fast:
                 write = fields_out[len(entering):]
                 write_enable = load_in_flight[delay - 1] & advance if delay else load
