@@ -384,14 +384,15 @@ class DMA(wiring.Component):
         # popped; a request and a response change the words in flight) compared from
         # registers; the handshakes only choose, so a memory's read grant does not follow an
         # adder and a compare into the arbiter (docs/fpga.md, "Timing").
+        fits = {(push, pop, change): (gearbox.level + (src_take.lane_count if push else 0)
+                                      - (need if pop else 0)
+                                      + ((words_in_flight + change + 1) << shift) <= capacity)
+                for push in (0, 1) for pop in (0, 1) for change in (-1, 0, 1)}
         with m.Switch(Cat(requested, responded, written, arrived)):
             for outcome in range(16):
                 request, answer, pop, push = ((outcome >> bit) & 1 for bit in range(4))
-                level = (gearbox.level + (src_take.lane_count if push else 0)
-                         - (need if pop else 0))
-                in_flight = words_in_flight + (request - answer + 1)
                 with m.Case(outcome):
-                    m.d.sync += word_room.eq(level + (in_flight << shift) <= capacity)
+                    m.d.sync += word_room.eq(fits[push, pop, request - answer])
 
         # -- descriptor sequencing --------------------------------------------------------
         head = data.View(entry, queue.r_data)
@@ -460,10 +461,11 @@ def _extents(m, cfg, desc, reach):
 def _check(m, cfg, desc, extents):
     """The descriptor's :class:`ErrorCode` before anything moves (combinational), with
     ``extents`` from :func:`_extents`."""
-    extents = {name: (getattr(desc, name), extents[name, "byte"][0],
-                      extents[name, "partition"][0]) for name in ("src", "dst")}
+    src, dst = desc.src, desc.dst
+    src_last, src_part = extents["src", "byte"][0], extents["src", "partition"][0]
+    dst_last, dst_part = extents["dst", "byte"][0], extents["dst", "partition"][0]
 
-    def in_bounds(space, side, last_byte, last_part):
+    def in_bounds(space, last_byte, last_part):
         sbuf_parts, sbuf_bytes = buffer_geometry(cfg, Space.SBUF)
         psum_parts, psum_bytes = buffer_geometry(cfg, Space.PSUM)
         return Mux(space == Space.HBM, last_byte < cfg.hbm_bytes,
@@ -471,7 +473,6 @@ def _check(m, cfg, desc, extents):
                        (last_part < sbuf_parts) & (last_byte < sbuf_bytes),
                        (last_part < psum_parts) & (last_byte < psum_bytes)))
 
-    (src, src_last, src_part), (dst, dst_last, dst_part) = extents["src"], extents["dst"]
     bytes_meet = (src.addr <= dst_last) & (dst.addr <= src_last)
     parts_meet = (src.partition <= dst_part) & (dst.partition <= src_part)
     overlap = (desc.src_space == desc.dst_space) & bytes_meet & (
@@ -482,9 +483,9 @@ def _check(m, cfg, desc, extents):
         m.d.comb += result.eq(ErrorCode.ZERO_SIZE)
     with m.Elif((desc.src_space == 3) | (desc.dst_space == 3)):
         m.d.comb += result.eq(ErrorCode.BAD_SPACE)
-    with m.Elif(~in_bounds(desc.src_space, src, src_last, src_part)):
+    with m.Elif(~in_bounds(desc.src_space, src_last, src_part)):
         m.d.comb += result.eq(ErrorCode.SRC_BOUNDS)
-    with m.Elif(~in_bounds(desc.dst_space, dst, dst_last, dst_part)):
+    with m.Elif(~in_bounds(desc.dst_space, dst_last, dst_part)):
         m.d.comb += result.eq(ErrorCode.DST_BOUNDS)
     with m.Elif(overlap):
         m.d.comb += result.eq(ErrorCode.OVERLAP)

@@ -233,7 +233,7 @@ class Sequencer(wiring.Component):
             with m.If(header.wait):     # a process on the simulators (the word changes often)
                 m.d.comb += verdict.eq((value + gain)[:VALUE_BITS] >= header.wait_value)
             reached.append(verdict)
-        hits = Cat(signal.valid & (signal.index == header.wait_sem) for signal in self.signals)
+        hits = [signal.valid & (signal.index == header.wait_sem) for signal in self.signals]
         wait_ok = Signal()
         m.d.sync += wait_ok.eq(~header.wait | Array(reached)[sum(hits)])
 
