@@ -2,7 +2,7 @@
 
 from .partitioned_memory import PartitionedMemory
 
-__all__ = ["SBUF", "geometry", "vector_geometry"]
+__all__ = ["SBUF", "geometry", "vector_geometry", "read_latency"]
 
 
 def geometry(config):
@@ -19,6 +19,13 @@ def vector_geometry(config):
     vector_bytes = config.vector_word_bytes
     return (config.sbuf_partitions, vector_bytes,
             config.sbuf_bytes_per_partition // vector_bytes)
+
+
+def read_latency(config):
+    """Cycles from an SBUF read's grant to its response: 1, and one per register at each
+    partition's SRAM (``sbuf_input_stages``). Reads and writes pass the same registers, so
+    the image's order of operations is the order of the grants."""
+    return 1 + config.sbuf_input_stages
 
 
 class SBUF(PartitionedMemory):

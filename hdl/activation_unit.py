@@ -24,15 +24,18 @@ from .partitioned_memory import (
     vector_write_layout,
 )
 
-__all__ = ["ActivationUnit", "READ_LATENCY", "INPUT_SLOTS", "WRITE_SLOTS"]
+__all__ = ["ActivationUnit", "input_slots", "WRITE_SLOTS"]
 
-#: Cycles from a read request's transfer to its response (PSUM and SBUF ``act_read``).
-READ_LATENCY = 1
-#: Slots of the input buffer. A slot is reserved when its read is requested and freed when
-#: the engine takes its last vector, READ_LATENCY + 1 cycles later at the earliest (the
-#: response is registered before the engine sees it), so this many sustain one read per
-#: cycle.
-INPUT_SLOTS = READ_LATENCY + 2
+
+def input_slots(config):
+    """Slots of the input buffer. A slot is reserved when its read is granted and freed when
+    the engine takes its last vector, ``L + 1`` cycles later at the earliest (the response
+    comes ``L`` cycles after the grant: 1 from the PSUM, ``sbuf.read_latency`` from the
+    SBUF, and is registered before the engine sees it), so ``L + 2`` sustain one read per
+    cycle from either."""
+    return sbuf_mod.read_latency(config) + 2
+
+
 #: Bytes of a bias value (an int32, or FP32 on the float path), and of the widest result.
 INT32_BYTES = 4
 #: Completed words the unit holds for the SBUF's write port. With two, whether the engine
@@ -138,19 +141,20 @@ class ActivationUnit(wiring.Component):
        are untouched.
 
     Flow control. A read is requested only while an input buffer slot is free for its
-    response (``INPUT_SLOTS``: one read per cycle is sustained), since responses cannot be
-    refused. Results are merged in an assembly register and completed words queued for
-    ``sbuf_write`` (``WRITE_SLOTS`` words, the head the write's payload), so the engine
-    stalls only when a result completes a word while the queue is full (as of the cycle
-    before: the write grant reaches the queue's count, not the engine).
+    response (:func:`input_slots`: one read per cycle is sustained), since responses
+    cannot be refused. Results are merged in an assembly register and completed words
+    queued for ``sbuf_write`` (``WRITE_SLOTS`` words, the head the write's payload), so the
+    engine stalls only when a result completes a word while the queue is full (as of the
+    cycle before: the write grant reaches the queue's count, not the engine).
 
     Between instructions the unit drains: the next instruction is accepted only once the
     previous one has retired, so the engine params never change under vectors in flight.
     Within an instruction one vector enters the engine per cycle when the memories grant
     every cycle; an instruction takes ``n + 8 + activation_input_stages +
     activation_multiply_stages + activation_add_stages`` cycles from its transfer to the
-    cycle after its retire (``+ 2``
-    with bias), when the next can transfer, on either path and for every output format.
+    cycle after its retire (``+ S`` from the SBUF, ``S = sbuf_input_stages``; ``+ 2 + S``
+    more with bias), when the next can transfer, on either path and for every output
+    format.
     In-place operation (``src = 1``, ``src_offset == dst_offset``, int8 out) is correct
     because every source word is read once, before any result of its bytes exists.
 
@@ -234,12 +238,13 @@ class ActivationUnit(wiring.Component):
         # Read side: reads still to request, the next PSUM entry or SBUF word.
         reads_left = Signal(range(cfg.moving_max + 1))
         read_index = Signal(range(max(depth, cfg.psum_bank_entries)))
-        in_flight = Signal()                     # a read was granted last cycle
+        inputs = input_slots(cfg)
+        in_flight = Signal(range(inputs + 1))     # reads granted, not answered yet
         # Input buffer: a slot holds a PSUM vector or an SBUF word of every lane, in the
         # lanes' blocks (below).
-        head = Signal(range(INPUT_SLOTS))
-        tail = Signal(range(INPUT_SLOTS))
-        level = Signal(range(INPUT_SLOTS + 1))
+        head = Signal(range(inputs))
+        tail = Signal(range(inputs))
+        level = Signal(range(inputs + 1))
         # Engine input side: the index of the next vector, its byte in the SBUF word.
         in_index = Signal(range(cfg.moving_max))
         in_byte = Signal(byte_bits)
@@ -275,7 +280,7 @@ class ActivationUnit(wiring.Component):
         result = engine.output
         lane_blocks = []
         for p in range(lanes):
-            block = ActivationUnitLane(slots=INPUT_SLOTS, word_bytes=width,
+            block = ActivationUnitLane(slots=inputs, word_bytes=width,
                                        acc_bits=cfg.acc_bits, result_bits=OUT_BITS)
             m.submodules[f"lane_{p}"] = shared(block)
             lane_blocks.append(block)
@@ -345,7 +350,7 @@ class ActivationUnit(wiring.Component):
         # -- reads: only with a free slot for the response ---------------------------------
         request = Signal()
         m.d.comb += request.eq(streaming & (reads_left != 0)
-                               & (level + in_flight < INPUT_SLOTS))
+                               & (level + in_flight < inputs))
         with m.If(streaming):
             m.d.comb += [
                 psum_req.valid.eq(request & ~src),
@@ -357,7 +362,6 @@ class ActivationUnit(wiring.Component):
         granted = Signal()
         m.d.comb += granted.eq(streaming & Mux(src, read_req.valid & read_req.ready,
                                                psum_req.valid & psum_req.ready))
-        m.d.sync += in_flight.eq(granted)
         with m.If(granted):
             m.d.sync += [reads_left.eq(reads_left - 1), read_index.eq(read_index + 1)]
 
@@ -366,7 +370,8 @@ class ActivationUnit(wiring.Component):
         pop = Signal()
         m.d.comb += push.eq(streaming & Mux(src, read_resp.valid, psum_resp.valid))
         with m.If(push):
-            m.d.sync += tail.eq(Mux(tail == INPUT_SLOTS - 1, 0, tail + 1))
+            m.d.sync += tail.eq(Mux(tail == inputs - 1, 0, tail + 1))
+        m.d.sync += in_flight.eq(in_flight + granted - push)
         for block in lane_blocks:
             m.d.comb += [
                 block.push.eq(push), block.push_at.eq(tail), block.src.eq(src),
@@ -396,7 +401,7 @@ class ActivationUnit(wiring.Component):
         m.d.comb += pop.eq(take & (~src | (in_byte == width - 1)
                                    | (in_index == last_index)))
         with m.If(pop):
-            m.d.sync += head.eq(Mux(head == INPUT_SLOTS - 1, 0, head + 1))
+            m.d.sync += head.eq(Mux(head == inputs - 1, 0, head + 1))
         m.d.sync += level.eq(level + push - pop)
 
         # -- engine -> assembly register -> write queue ----------------------------------

@@ -8,6 +8,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
+from . import sbuf as sbuf_mod
 from .access_pattern import AccessPatternWalker
 from .axi4 import BURST_INCR, RESP_DECERR, RESP_OKAY, AXI4Signature
 from .byte_gearbox import ByteGearbox
@@ -108,7 +109,8 @@ class DMA(wiring.Component):
         The HBM port.
     sbuf_read, psum_read : ``Out(read_signature(word_request_layout, word_response_layout))``
         Word reads of a buffer (its ``dma_read`` port): ``request.payload.{partition,
-        word}``, answered by ``response.payload.data`` the cycle after the request.
+        word}``, answered by ``response.payload.data`` the cycle after the request's
+        transfer (the PSUM), or ``sbuf.read_latency`` cycles after it (the SBUF).
     sbuf_write, psum_write : ``Out(stream.Signature(word_write_layout))``
         Word writes of a buffer (its ``dma_write`` port), with byte enables.
     done : ``Out(1)``
@@ -264,7 +266,9 @@ class DMA(wiring.Component):
         # A response cannot wait, so a request goes out only when its word is sure to fit:
         # ``word_room`` is ``level + (words_in_flight + 1) * width <= capacity``, a register
         # made a cycle ahead (below, after the destination's handshakes).
-        words_in_flight = Signal(range(3))
+        # At most L in flight, L the slower buffer's read latency (a request a cycle, each
+        # answered L cycles after it).
+        words_in_flight = Signal(range(sbuf_mod.read_latency(cfg) + 1))
         word_room = Signal(init=1)
         buffer_request = Signal()
         m.d.comb += buffer_request.eq(running & ~src_hbm & src_issue.active & word_room)

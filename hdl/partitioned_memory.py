@@ -6,6 +6,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from .delay_line import delayed
 from .hierarchy import shared
 from .memory_partition import MemoryPartition
 from .params import refusing
@@ -84,8 +85,9 @@ def word_write_layout(partitions, depth, word_bytes):
 
 def read_signature(request_layout, response_layout):
     """A read port seen from the requester: a ``request`` stream out, and a ``response``
-    stream in that is always ready and valid exactly in the cycle after the request
-    transferred."""
+    stream in that is always ready and valid exactly once per transferred request, a fixed
+    number of cycles after it (the memory's read latency: 1, and one per input stage of
+    :class:`PartitionedMemory`), in request order."""
     return wiring.Signature({
         "request": Out(stream.Signature(request_layout)),
         "response": In(stream.Signature(response_layout, always_ready=True)),
@@ -154,11 +156,13 @@ class PartitionedMemory(wiring.Component):
     arbitrated write is granted then and the order holds). A request's ``ready`` is high
     exactly in the cycle it is granted.
 
-    Timing. A read granted in cycle ``t`` samples the memory at the end of cycle ``t`` and
-    its response is valid in cycle ``t + 1`` only (the response streams are always ready).
-    A write granted in cycle ``t`` is in the memory from cycle ``t + 1``. A read and a write
-    of the same word in the same cycle: the read returns the old data. Only enabled bytes
-    are written.
+    Timing. A read granted in cycle ``t`` samples the memory at the end of cycle ``t + S``
+    and its response is valid in cycle ``t + 1 + S`` only (the response streams are always
+    ready). A write granted in cycle ``t`` is in the memory from cycle ``t + 1 + S``. A read
+    and a write granted in the same cycle, of the same word: the read returns the old data;
+    a read granted after a write sees it. Only enabled bytes are written. ``S =
+    input_stages`` (0 to 2): registers of the granted read and write at each partition
+    (:class:`~opentrn.hdl.memory_partition.MemoryPartition`), not with ``rmw_port``.
 
     Each partition is a :class:`~opentrn.hdl.memory_partition.MemoryPartition`, one
     Verilog module for all of them. ``depth`` and ``partitions`` need not be powers of two;
@@ -191,7 +195,7 @@ class PartitionedMemory(wiring.Component):
     """
 
     def __init__(self, *, partitions, word_bytes, depth, vector_readers, vector_writers,
-                 vector_bytes=None, rmw_port=False, rmw_forward=True):
+                 vector_bytes=None, rmw_port=False, rmw_forward=True, input_stages=0):
         vector_bytes = word_bytes if vector_bytes is None else vector_bytes
         with refusing(self):
             _check_int("partitions", partitions, 1)
@@ -207,6 +211,12 @@ class PartitionedMemory(wiring.Component):
             _check_int("depth", depth, 1)
             _check_int("vector_readers", vector_readers, 0)
             _check_int("vector_writers", vector_writers, 0)
+            if isinstance(input_stages, bool) or input_stages not in (0, 1, 2):
+                raise ValueError(f"input_stages={input_stages!r}: must be 0, 1 or 2")
+            if input_stages and rmw_port:
+                # The read-modify-write forwards the write of its own cycle.
+                raise ValueError(f"input_stages={input_stages}: must be 0 with rmw_port")
+        self.input_stages = input_stages
         self.partitions, self.word_bytes, self.depth = partitions, word_bytes, depth
         self.vector_bytes = vector_bytes
         self.vector_depth = depth * (word_bytes // vector_bytes)
@@ -239,7 +249,8 @@ class PartitionedMemory(wiring.Component):
         for p in range(parts):
             sram = MemoryPartition(word_bytes=self.word_bytes, depth=self.depth,
                                    vector_bytes=self.vector_bytes, second_read=self.rmw_port,
-                                   second_transparent=self.rmw_forward)
+                                   second_transparent=self.rmw_forward,
+                                   input_stages=self.input_stages)
             m.submodules[f"partition_{p}"] = shared(sram)
             srams.append(sram)
 
@@ -269,12 +280,12 @@ class PartitionedMemory(wiring.Component):
             if lane_bits:
                 m.d.comb += sram.read_lane.eq(lane[0])
 
-        # The response goes to last cycle's winner; a word read picks its partition.
-        responding = Signal(len(readers))
-        partition = Signal(range(parts))
-        m.d.sync += responding.eq(reads.grant)
-        with m.If(reads.grant[-1]):
-            m.d.sync += partition.eq(self.word_read.request.payload.partition)
+        # The response goes to the winner of 1 + S cycles ago; a word read picks its
+        # partition.
+        latency = 1 + self.input_stages
+        responding = delayed(m, reads.grant, latency, name="responding", reset_less=False)
+        partition = delayed(m, self.word_read.request.payload.partition, latency,
+                            name="partition")
         for index, reader in enumerate(self.vector_read):
             m.d.comb += reader.response.valid.eq(responding[index])
             # Conditional assignments become one Verilog process per signal, which Icarus

@@ -15,7 +15,13 @@ from .partitioned_memory import (
     word_write_layout,
 )
 
-__all__ = ["SBUF", "geometry", "vector_geometry"]
+__all__ = ["SBUF", "geometry", "vector_geometry", "read_latency"]
+
+
+def read_latency(config):
+    """Cycles from an SBUF read's grant to its response: 1, and one per
+    ``sbuf_input_stages`` (registers at each partition's SRAM)."""
+    return 1 + config.sbuf_input_stages
 
 
 def geometry(config):
@@ -50,10 +56,10 @@ class SBUF(wiring.Component):
     within 2 cycles; writes are round-robin between ``act_write`` and ``dma_write``, so a
     waiting writer is granted within 1 cycle. ``ready`` is high only in the granted cycle.
 
-    Timing: a read granted in cycle ``t`` answers in cycle ``t + 1`` (the response streams
-    are always ready: the requester must take it then); a write granted in cycle ``t`` is
-    read back from cycle ``t + 1``; a read of a word written in the same cycle returns the
-    old data.
+    Timing: a read granted in cycle ``t`` answers in cycle ``t + L`` (:func:`read_latency`:
+    ``L = 1 + Config.sbuf_input_stages``; the response streams are always ready: the
+    requester must take it then); a read granted after a write's grant sees the write; a
+    read of a word written in the same cycle returns the old data.
 
     Members
     -------
@@ -94,7 +100,8 @@ class SBUF(wiring.Component):
         m = Module()
         m.submodules.memory = memory = PartitionedMemory(
             partitions=partitions, word_bytes=word_bytes, depth=depth,
-            vector_bytes=self._config.vector_word_bytes, vector_readers=2, vector_writers=1)
+            vector_bytes=self._config.vector_word_bytes, vector_readers=2, vector_writers=1,
+            input_stages=self._config.sbuf_input_stages)
         flipped = wiring.flipped
         wiring.connect(m, flipped(self.te_read), memory.vector_read[0])
         wiring.connect(m, flipped(self.act_read), memory.vector_read[1])

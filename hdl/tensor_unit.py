@@ -23,21 +23,46 @@ from .partitioned_memory import (
 from .processing_element import MAX_MACS
 from .tensor_engine import TensorEngine, formats, latency, mx_block_rows, mx_blocks
 
-__all__ = ["TensorUnit", "LOAD_JOBS", "MATMUL_JOBS", "LOAD_WORDS", "MATMUL_WORDS"]
+__all__ = ["TensorUnit", "load_jobs", "matmul_jobs", "load_words", "matmul_words"]
 
-#: Instructions each path holds (executing and queued), so that the next ones are accepted
-#: while the current ones run: loads alternate with matmuls, so two loads suffice.
-LOAD_JOBS = 2
-MATMUL_JOBS = 4
-#: SBUF words each path buffers (received or requested). With a request granted every cycle
-#: a word is reserved for 3 cycles (request, response, use), so 3 keep one-word matmuls back
-#: to back; the fourth absorbs irregular grants (the port is shared with two other readers).
-#: A load's columns wait for the array anyway, so 2 suffice to have them ready in time.
-LOAD_WORDS = 2
-MATMUL_WORDS = 4
-#: Bits of an instruction's sequence number: twice the jobs that can be queued, so that the
-#: older of two queued jobs is told by the sign of the difference.
-_SEQUENCE_BITS = ceil_log2(LOAD_JOBS + MATMUL_JOBS) + 1
+
+# The paths' buffers, for an SBUF read latency ``L`` (sbuf.read_latency: 1, and one per
+# sbuf_input_stages): each cycle of latency keeps every job and word a cycle longer in its
+# buffer, so each buffer holds one more per input stage (tests/test_tensor_unit.py's
+# throughput tests run them at L = 1, 2 and 3).
+
+
+def load_jobs(config):
+    """Loads the load path holds (executing and queued), so that the next ones are accepted
+    while the current ones run: loads alternate with matmuls, so two suffice at ``L = 1``
+    (``L + 1``)."""
+    return sbuf.read_latency(config) + 1
+
+
+def matmul_jobs(config):
+    """Matmuls the matmul path holds: four keep one-vector matmuls back to back at ``L = 1``
+    (``L + 3``)."""
+    return sbuf.read_latency(config) + 3
+
+
+def matmul_words(config):
+    """SBUF words the matmul path buffers (received or requested). With a request granted
+    every cycle a word is reserved for ``L + 2`` cycles (its grant, ``L`` to its response,
+    its use), so ``L + 2`` keep one-word matmuls back to back; one more absorbs irregular
+    grants (the port is shared with two other readers)."""
+    return sbuf.read_latency(config) + 3
+
+
+def load_words(config):
+    """SBUF words the load path buffers: a load's columns wait for the array anyway, so
+    ``L + 1`` have them ready in time."""
+    return sbuf.read_latency(config) + 1
+
+
+def _sequence_bits(config):
+    """Bits of an instruction's sequence number: twice the jobs that can be queued, so that
+    the older of two queued jobs is told by the sign of the difference."""
+    return ceil_log2(load_jobs(config) + matmul_jobs(config)) + 1
 
 
 def _size_bits(config):
@@ -55,7 +80,7 @@ def _common_job(config, count_max, *, columns=True):
         "first_word": range(depth), "last_word": range(depth),
         "lane": exact_log2(word_bytes),          # byte of column 0 within its word
         "count": range(count_max + 1),           # columns read from the SBUF
-        "sequence": _SEQUENCE_BITS,              # program order (wraps)
+        "sequence": _sequence_bits(config),      # program order (wraps)
     }
     if columns and _size_bits(config):
         fields["size"] = range(_size_bits(config) + 1)   # log2 of the column's bytes
@@ -190,9 +215,8 @@ class _ColumnReader:
         # -- address generator: words first_word..last_word of each job, in job order ----
         # A job with a partition ``group`` (a scale reader's) keeps partitions
         # ``group * partitions + p`` of its words: the group of each word granted, for its
-        # response in the next cycle.
+        # response ``sbuf.read_latency`` cycles later.
         groups = layout.members["group"].stop if "group" in layout.members else 1
-        fill_group = Signal(range(groups), name=f"{name}_fill_group")
         gen_job = Signal(layout, name=f"{name}_gen_job")
         gen_index = Signal(range(depth), name=f"{name}_gen_index")
         reserved = Signal(range(words + 1), name=f"{name}_reserved")   # held + in flight
@@ -204,8 +228,8 @@ class _ColumnReader:
         ]
         gen_done = Signal(name=f"{name}_gen_done")
         if groups > 1:
-            with m.If(self.grant):
-                m.d.sync += fill_group.eq(gen_job.group)
+            fill_group = delayed(m, gen_job.group, sbuf.read_latency(config),
+                                 name=f"{name}_fill_group")
         with m.If(self.grant):
             with m.If(self.word == gen_job.last_word):
                 m.d.comb += gen_done.eq(1)
@@ -477,16 +501,17 @@ class TensorUnit(wiring.Component):
         tile_rows = Signal(range(k_rows + 1))
         tile_cols = Signal(range(m_cols + 1))
         tile_format = Signal(numerics.FORMAT_CODE_BITS)   # format of the latest load
-        sequence = Signal(_SEQUENCE_BITS)                 # of the next instruction
+        sequence = Signal(_sequence_bits(cfg))            # of the next instruction
         self._check(m, loaded, load_pending, tile_format)
 
         partitions = sbuf.vector_geometry(cfg)[0]
         per_beat = cfg.load_columns         # stationary columns per load beat
-        loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=LOAD_JOBS,
-                              words=LOAD_WORDS, col_max=m_cols, partitions=partitions,
+        loads = _ColumnReader(m, "load", config=cfg, layout=_load_job(cfg), jobs=load_jobs(cfg),
+                              words=load_words(cfg), col_max=m_cols, partitions=partitions,
                               element_bits=cfg.in_bits, columns=per_beat)
         matmuls = _ColumnReader(m, "matmul", config=cfg, layout=_matmul_job(cfg),
-                                jobs=MATMUL_JOBS, words=MATMUL_WORDS, col_max=cfg.moving_max,
+                                jobs=matmul_jobs(cfg), words=matmul_words(cfg),
+                                col_max=cfg.moving_max,
                                 partitions=partitions, element_bits=cfg.in_bits)
         # With an MX format, each path has a second reader for its MX jobs' scales (block b
         # in partition b); its queue holds the path's MX jobs, in the same order.
@@ -495,9 +520,9 @@ class TensorUnit(wiring.Component):
         block_bits = exact_log2(blocks) if blocks else 0
         scale_of = {}
         if blocks:
-            for path, jobs, words, col_max in ((loads, LOAD_JOBS, LOAD_WORDS, m_cols),
-                                               (matmuls, MATMUL_JOBS, MATMUL_WORDS,
-                                                cfg.moving_max)):
+            for path, jobs, words, col_max in (
+                    (loads, load_jobs(cfg), load_words(cfg), m_cols),
+                    (matmuls, matmul_jobs(cfg), matmul_words(cfg), cfg.moving_max)):
                 name = "load_scales" if path is loads else "matmul_scales"
                 scale_of[path] = _ColumnReader(m, name, config=cfg,
                                                layout=_scale_job(cfg, col_max), jobs=jobs,
@@ -507,7 +532,8 @@ class TensorUnit(wiring.Component):
         # Program order of retirement: one bit per accepted instruction (1: a load). Deep
         # enough for every instruction in the queues and the array with one-vector matmuls
         # (rows 1 + pe_add_stages cycles apart).
-        order_depth = 2 * (k_rows * (1 + cfg.pe_add_stages) + m_cols) + LOAD_JOBS + MATMUL_JOBS
+        order_depth = (2 * (k_rows * (1 + cfg.pe_add_stages) + m_cols) + load_jobs(cfg)
+                       + matmul_jobs(cfg))
         m.submodules.order = order = SyncFIFO(width=1, depth=order_depth)
 
         # -- accept --------------------------------------------------------------------------
@@ -600,12 +626,14 @@ class TensorUnit(wiring.Component):
         def first(i, j):
             """Reader ``i`` goes before reader ``j`` (both wanting)."""
             a, b = readers[i], readers[j]
-            # Sequence numbers wrap: the older has the negative difference.
+            # Sequence numbers wrap: the older has the negative difference (modulo their
+            # width: its top bit).
             age = a.gen_job.sequence - b.gen_job.sequence
+            older = age[len(a.gen_job.sequence) - 1]
             same = a.gen_job.sequence == b.gen_job.sequence
             if i < j:
-                return Mux(same, a.reserved <= b.reserved, age[_SEQUENCE_BITS - 1])
-            return Mux(same, a.reserved < b.reserved, age[_SEQUENCE_BITS - 1])
+                return Mux(same, a.reserved <= b.reserved, older)
+            return Mux(same, a.reserved < b.reserved, older)
 
         with m.If(locked):
             m.d.comb += owner.eq(locked_owner)
@@ -623,9 +651,8 @@ class TensorUnit(wiring.Component):
             *(reader.grant.eq(granted & (owner == i)) for i, reader in enumerate(readers)),
         ]
         m.d.sync += [locked.eq(request.valid & ~request.ready), locked_owner.eq(owner)]
-        responding = Signal.like(owner)        # owner of the response due this cycle
-        with m.If(granted):
-            m.d.sync += responding.eq(owner)
+        # The owner of the response due this cycle (only read with a response).
+        responding = delayed(m, owner, sbuf.read_latency(cfg), name="responding")
         response = self.sbuf_read.response
         m.d.comb += [
             *(reader.response.eq(response.valid & (responding == i))

@@ -7,7 +7,8 @@ collect the responses. The scoreboard replays every transfer in cycle order on t
 model (:mod:`opentrn.golden.sbuf`): in each cycle the granted read sees the memory before the
 write committed in that cycle (the documented read-during-write rule). It checks:
 
-* every response bit for bit, and that it came exactly one cycle after its request;
+* every response bit for bit, and that it came exactly the read latency after its request
+  (1 cycle; the SBUF's ``sbuf.read_latency``: one more per ``sbuf_input_stages``);
 * at most one read and one write granted per cycle;
 * every grant against the golden round-robin arbiter
   (:class:`~opentrn.golden.partitioned_memory.RoundRobin`), from the cycles in which each
@@ -45,9 +46,6 @@ from opentrn.hdl.partitioned_memory import (
 
 from . import harness
 from .streams import StreamSink, StreamSource
-
-#: Cycles from a read request's transfer to its response.
-READ_LATENCY = 1
 
 
 def settings():
@@ -90,9 +88,10 @@ class MemoryBench:
     the arbitrated writers get nothing (PSUM: the cycles a ``te_write`` writes back).
     """
 
-    def __init__(self, dut, golden_model, *, seed):
+    def __init__(self, dut, golden_model, *, seed, read_latency=1):
         self.dut = dut
         self.golden = golden_model
+        self.read_latency = read_latency      # cycles from a request's transfer to its answer
         self.domain = harness.start_clock(dut)
         self.rng = random.Random(seed)
         self.reads, self.writes = {}, {}
@@ -150,7 +149,7 @@ class MemoryBench:
                 raise AssertionError(f"watchdog: not done after {budget} cycles\n"
                                      + self._state())
             await ClockCycles(self.dut.clk, 8)
-        await ClockCycles(self.dut.clk, READ_LATENCY + 2)
+        await ClockCycles(self.dut.clk, self.read_latency + 2)
 
     def begin(self):
         """Mark the start of a test's traffic: the scoreboard looks at transfers from here."""
@@ -208,7 +207,7 @@ class MemoryBench:
                                      f"{len(accepted)} requests")
             for ((cycle, request), _), (got_cycle, got), want in zip(
                     accepted, received, expected[name], strict=True):
-                if got_cycle != cycle + READ_LATENCY:
+                if got_cycle != cycle + self.read_latency:
                     stats["late"] += 1
                 if got != want:
                     stats["mismatches"] += 1
@@ -263,7 +262,8 @@ class SBUFBench(MemoryBench):
     def __init__(self, dut, config, *, seed, gaps):
         if SBUFBench._golden is None:
             SBUFBench._golden = golden.SBUF(config)
-        super().__init__(dut, SBUFBench._golden, seed=seed)
+        super().__init__(dut, SBUFBench._golden, seed=seed,
+                         read_latency=golden.read_latency(config))
         parts, width, depth = golden.geometry(config)
         _, vector_width, vector_depth = golden.vector_geometry(config)
         self.geometry = parts, width, depth
@@ -353,7 +353,7 @@ async def read_back(bench, port_name):
 
 def check(stats, name):
     assert stats["mismatches"] == 0, f"{name}: {stats['mismatches']} responses differ"
-    assert stats["late"] == 0, f"{name}: {stats['late']} responses off the 1-cycle latency"
+    assert stats["late"] == 0, f"{name}: {stats['late']} responses off the read latency"
     assert stats["double_grants"] == 0, f"{name}: more than one read or write in a cycle"
     assert stats["arbitration_mismatches"] == 0, \
         f"{name}: {stats['arbitration_mismatches']} grants differ from round robin"

@@ -19,9 +19,10 @@ SIM_BUILDS = {
     # adders and two in front of the array (the fpga preset has one; the latency formula
     # K (1 + A) + M - 1 + S + I, cycle-exact); the activation lanes' two input stages (the
     # fpga preset has the first), two more multiply stages and four in their adders; four
-    # in the PSUM's accumulate.
+    # in the PSUM's accumulate; two at each SBUF partition (the fpga preset has one: every
+    # SBUF read answered 3 cycles after its grant).
     "tiny-staged": config.preset("tiny").replace(pe_multiply_stages=4, pe_add_stages=4,
-                                                 pe_input_stages=2,
+                                                 pe_input_stages=2, sbuf_input_stages=2,
                                                  activation_input_stages=2,
                                                  activation_multiply_stages=2,
                                                  activation_add_stages=4, psum_add_stages=4),

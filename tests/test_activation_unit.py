@@ -7,6 +7,7 @@ words (bf16 2 bytes, fp8 1, fp32 4) against numpy and ml_dtypes; the fault code 
 ACTIVATE rule; and the cycles of one full-size instruction with memories always granting."""
 
 import random
+from collections import deque
 
 import ml_dtypes
 import numpy as np
@@ -41,11 +42,14 @@ BUILDS = {
     # product delayed).
     "staged": config.preset("tiny").replace(activation_input_stages=1),
     "multiply-staged": config.preset("tiny").replace(activation_multiply_stages=1),
+    # Registers at the SBUF's partitions: its words (and the bias) answered 3 cycles after
+    # their grant, the PSUM's still after 1.
+    "sbuf-staged": config.preset("tiny").replace(sbuf_input_stages=2),
 }
 #: (instructions, read grant probability, write grant probability) per build.
 RUNS = {"tiny": (150, 0.6, 0.5), "small": (100, 0.7, 0.6), "narrow": (80, 0.5, 0.4),
         "narrow-float": (80, 0.5, 0.4), "wide": (80, 0.6, 0.5), "staged": (80, 0.6, 0.5),
-        "multiply-staged": (60, 0.6, 0.5)}
+        "multiply-staged": (60, 0.6, 0.5), "sbuf-staged": (60, 0.6, 0.5)}
 
 #: FP32 codes the float inputs, scales and biases are weighted toward: zeros of both signs,
 #: infinities, NaNs (quiet, signalling, negative), the largest finite value, subnormals,
@@ -276,13 +280,18 @@ class Bench:
         async def bench(ctx):
             queue = list(program)
             accepted, retired = 0, 0
-            responses = {"psum": None, "sbuf": None}
+            # The answers granted in the last read latency's cycles (None: no grant), oldest
+            # first: the oldest is due this cycle (the PSUM after 1 cycle, the SBUF after
+            # sbuf.read_latency).
+            answers = {"psum": deque([None]),
+                       "sbuf": deque([None] * golden_sbuf.read_latency(self.cfg))}
             held = [None] * len(outgoing)          # (payload) offered but not taken
             for cycle in range(max_cycles):
                 for name, port in (("psum", dut.psum_read), ("sbuf", dut.sbuf_read)):
-                    ctx.set(port.response.valid, responses[name] is not None)
-                    if responses[name] is not None:
-                        ctx.set(port.response.payload.as_value(), responses[name])
+                    answer = answers[name].popleft()
+                    ctx.set(port.response.valid, answer is not None)
+                    if answer is not None:
+                        ctx.set(port.response.payload.as_value(), answer)
                 ctx.set(dut.instruction.valid, bool(queue))
                 if queue:
                     ctx.set(dut.instruction.payload.as_value(), _bits(**queue[0]))
@@ -310,6 +319,8 @@ class Bench:
                     # Read before this cycle's write: the old data, as the SBUF does.
                     responses["sbuf"] = self._sbuf_response(word)
                     self.events.append((cycle, "sbuf_read", word))
+                for name, response in responses.items():
+                    answers[name].append(response)
                 if ctx.get(dut.sbuf_write.valid) and ctx.get(dut.sbuf_write.ready):
                     write = self.write_codec.decode(ctx.get(dut.sbuf_write.payload.as_value()))
                     for p in range(self.cfg.pe_cols, self.cfg.sbuf_partitions):
@@ -657,12 +668,15 @@ def test_float_only_build_refuses_integer_outputs():
 
 #: Cycles from an instruction's transfer to its retire, memories always granting: one
 #: cycle to read, one to buffer the response, the engine's STAGES, one to write; plus one
-#: read and its response for the bias.
+#: read and its response for the bias; an SBUF read's input stages on an SBUF source and on
+#: the bias.
 def _expected_cycles(cfg, f):
-    return f["n"] + golden.latency(cfg) + 3 + 2 * f.get("bias", 0)
+    late = golden_sbuf.read_latency(cfg) - 1        # the SBUF's input stages
+    bias = f.get("bias", 0)
+    return f["n"] + golden.latency(cfg) + 3 + 2 * bias + late * (f["src"] + bias)
 
 
-@pytest.mark.parametrize("build", ["tiny", "small", "staged"])
+@pytest.mark.parametrize("build", ["tiny", "small", "staged", "sbuf-staged"])
 def test_throughput(build, capsys):
     cfg = BUILDS[build]
     rng = random.Random(7)

@@ -85,6 +85,7 @@ def test_override_parsing():
     ("pe_multiply_stages=5", "pe_multiply_stages=5: must be between 0 and 4"),
     ("pe_add_stages=5", "pe_add_stages=5: must be between 0 and 4"),
     ("pe_input_stages=3", "pe_input_stages=3: must be 0, 1 or 2"),
+    ("sbuf_input_stages=3", "sbuf_input_stages=3: must be 0, 1 or 2"),
     ("activation_add_stages=-1", "activation_add_stages=-1: must be between 0 and 4"),
     ("psum_add_stages=5", "psum_add_stages=5: must be between 0 and 4"),
     ("activation_multiply_stages=3", "activation_multiply_stages=3: must be 0, 1 or 2"),

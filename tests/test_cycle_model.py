@@ -24,16 +24,19 @@ BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
           # pe_multiply_stages, pe_add_stages (the rows' skew, the reload guard),
           # activation_input_stages, activation_multiply_stages, activation_add_stages and
           # psum_add_stages (the waits of accumulates too: test_accumulates_wait_for_the_
-          # psum_adder); the fpga preset, with one multiply and one input stage, is predicted
-          # exactly on the simulated board (tests/test_board.py).
+          # psum_adder) and sbuf_input_stages; the fpga preset, with one multiply stage and
+          # one input stage of the array and of the SBUF, is predicted exactly on the
+          # simulated board (tests/test_board.py).
           "tiny-staged": SIM_BUILDS["tiny-staged"],
           # The fast weight loads: a fresh tile every max(N, M + 1); with two columns a beat
           # into three banks (on in trn2/trn3), every max(N, M / 2), here with the rows
-          # two cycles apart (an add stage: the loads' rows are skewed as the vectors') and
-          # a register in front of the array (the loads pass it with the vectors).
+          # two cycles apart (an add stage: the loads' rows are skewed as the vectors'), a
+          # register in front of the array (the loads pass it with the vectors) and one at
+          # each SBUF partition (SBUF reads answered 2 cycles after their grant, as on the
+          # fpga preset).
           "tiny-fast": config.preset("tiny").replace(fast_weight_load=1),
           "tiny-fast2": config.preset("tiny").replace(fast_weight_load=2, pe_add_stages=1,
-                                                      pe_input_stages=1)}
+                                                      pe_input_stages=1, sbuf_input_stages=1)}
 #: Random kernels per build: (build, simulator, count, largest dimension). The builds other
 #: than tiny run on Icarus (one Verilator build per configuration is more than the suite's
 #: budget, as for the block testbenches) with shapes small enough for its speed.

@@ -3,6 +3,7 @@ golden round-robin arbiter, every response against the golden image, read-during
 and the PSUM read-modify-write hazard (with the forward removed, it fails)."""
 
 import random
+from collections import deque
 
 import numpy as np
 import pytest
@@ -49,23 +50,27 @@ class _Port:
     ("vector_writers", 1.5, "vector_writers=1.5: must be an integer >= 0"),
     ("vector_bytes", 8, "vector_bytes=8: must be a power of two of at most word_bytes=4"),
     ("vector_bytes", 3, "vector_bytes=3: must be a power of two of at most word_bytes=4"),
+    ("input_stages", 3, "input_stages=3: must be 0, 1 or 2"),
+    ("rmw_port", True, "input_stages=1: must be 0 with rmw_port"),
 ])
 def test_constructor_refuses_bad_arguments(name, value, message):
-    args = dict(partitions=2, word_bytes=4, depth=8, vector_readers=1, vector_writers=1)
+    args = dict(partitions=2, word_bytes=4, depth=8, vector_readers=1, vector_writers=1,
+                input_stages=1)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         PartitionedMemory(**{**args, name: value})
 
 
 def _random_traffic(*, partitions, word_bytes, depth, readers, writers, cycles, load, seed,
-                    vector_bytes=None):
+                    vector_bytes=None, input_stages=0):
     """Random requests on every port (each held until granted, as the stream rules
     require); checks each cycle's ``ready`` against the golden arbiter and each response
-    against the golden image. Returns statistics."""
+    against the golden image, read in the order of the grants, ``1 + input_stages`` cycles
+    after its grant. Returns statistics."""
     vector_bytes = word_bytes if vector_bytes is None else vector_bytes
     lanes = word_bytes // vector_bytes                # vector words per word
     dut = PartitionedMemory(partitions=partitions, word_bytes=word_bytes, depth=depth,
                             vector_bytes=vector_bytes, vector_readers=readers,
-                            vector_writers=writers)
+                            vector_writers=writers, input_stages=input_stages)
     rng = random.Random(seed)
     read_ports = [_Port(r.request) for r in dut.vector_read] + [_Port(dut.word_read.request)]
     responses = [_Port(r.response) for r in dut.vector_read] + [_Port(dut.word_read.response)]
@@ -103,7 +108,9 @@ def _random_traffic(*, partitions, word_bytes, depth, readers, writers, cycles, 
     async def bench(ctx):
         reading = [None] * len(read_ports)       # (request, cycle first presented)
         writing = [None] * len(write_ports)
-        expected = None                          # (reader, data) answering next cycle
+        # (reader, data) of the grants of the last 1 + input_stages cycles (None: no
+        # grant), oldest first: the oldest answers this cycle.
+        due = deque([None] * (1 + input_stages))
         for cycle in range(cycles):
             for pending, new in ((reading, new_read), (writing, new_write)):
                 for index in range(len(pending)):
@@ -112,6 +119,7 @@ def _random_traffic(*, partitions, word_bytes, depth, readers, writers, cycles, 
             for port, pending in [*zip(read_ports, reading, strict=True),
                                  *zip(write_ports, writing, strict=True)]:
                 port.set(ctx, pending and pending[0])
+            expected = due.popleft()
             for index, response in enumerate(responses):
                 valid = ctx.get(response.stream.valid)
                 assert valid == (expected is not None and expected[0] == index), cycle
@@ -145,19 +153,21 @@ def _random_traffic(*, partitions, word_bytes, depth, readers, writers, cycles, 
                 stats["max_write_wait"] = max(stats["max_write_wait"], cycle - since)
                 if read_word == row(request):
                     stats["read_during_write"] += 1
+            due.append(expected)
             await ctx.tick()
 
     _run(dut, bench)
     return stats
 
 
-@pytest.mark.parametrize("word_bytes, vector_bytes", [(4, 4), (16, 4)])
-def test_random_traffic_grants_and_data(word_bytes, vector_bytes):
+@pytest.mark.parametrize("word_bytes, vector_bytes, input_stages",
+                         [(4, 4, 0), (16, 4, 0), (16, 4, 1), (4, 4, 2)])
+def test_random_traffic_grants_and_data(word_bytes, vector_bytes, input_stages):
     """With vector words a quarter of a word too (trn3 has half): vector and word ports
-    meet in the same words."""
+    meet in the same words; with input stages the same answers, later."""
     stats = _random_traffic(partitions=3, word_bytes=word_bytes, depth=8, readers=3,
                             writers=2, cycles=1500, load=0.4, seed=1,
-                            vector_bytes=vector_bytes)
+                            vector_bytes=vector_bytes, input_stages=input_stages)
     assert stats["reads"] > 1000 and stats["writes"] > 800
     assert stats["max_read_wait"] <= 3 and stats["max_write_wait"] <= 2
     # Reads of a word written in the same cycle happened, and returned the old data.

@@ -22,14 +22,23 @@ from .conftest import require_simulator
 CASES = 150
 
 
+#: The builds of :func:`test_dma`: the presets, and tiny with two registers at each SBUF
+#: partition (the fpga preset has one): its words answered 3 cycles after their grant, so
+#: up to 3 reads in flight against the realignment buffer's room.
+BUILDS = {"tiny": config.preset("tiny"), "small": config.preset("small"),
+          "tiny-sbuf2": config.preset("tiny").replace(sbuf_input_stages=2)}
+
+
 @pytest.mark.sim
-@pytest.mark.parametrize("top, preset", [("dma", "tiny"), ("dma", "small"),
-                                         ("memory_system", "tiny")],
-                         ids=["dma-tiny", "dma-small", "memory_system-tiny"])
-def test_dma(top, preset):
+@pytest.mark.parametrize("top, build", [("dma", "tiny"), ("dma", "small"),
+                                        ("memory_system", "tiny"),
+                                        ("memory_system", "tiny-sbuf2")],
+                         ids=["dma-tiny", "dma-small", "memory_system-tiny",
+                              "memory_system-tiny-sbuf2"])
+def test_dma(top, build):
     sim = "icarus"
     require_simulator(sim)
-    result = runner.run(config.preset(preset), "opentrn.sim.tb_dma", top, sim,
+    result = runner.run(BUILDS[build], "opentrn.sim.tb_dma", top, sim,
                         testcase=["test_random_descriptors", "test_axi_errors"],
                         env={"OPENTRN_CASES": CASES, "OPENTRN_SEED": 6})
     assert result.passed, f"{result.failed} of {result.tests} cocotb tests failed; {result.log}"

@@ -1,7 +1,8 @@
 """The SBUF and PSUM RTL under cocotb on both simulators: every response bit-exact against
-the golden models, the 1-cycle read latency, every grant against the round-robin arbiter,
-the whole memory read back at the end, the PSUM read-modify-write hazards, and on tiny (a
-build with float formats) the PSUM's FP32 accumulation."""
+the golden models, the read latency (1 cycle, more with the SBUF's input stages), every
+grant against the round-robin arbiter, the whole memory read back at the end, the PSUM
+read-modify-write hazards, and on tiny (a build with float formats) the PSUM's FP32
+accumulation."""
 
 import pytest
 
@@ -26,6 +27,9 @@ BUILDS = {
     # read, accumulates N + 1 cycles apart at the closest.
     "psum-tiny-stages1": ("psum", config.preset("tiny").replace(psum_add_stages=1)),
     "psum-tiny-stages4": ("psum", config.preset("tiny").replace(psum_add_stages=4)),
+    # Registers at each SBUF partition (the fpga preset has one): reads answered 3 cycles
+    # after their grant, reads and writes still meeting the memory in grant order.
+    "sbuf-tiny-stages2": ("sbuf", config.preset("tiny").replace(sbuf_input_stages=2)),
 }
 
 

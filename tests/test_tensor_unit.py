@@ -5,6 +5,7 @@ PSUM back-pressure); retirement order and timing; the fault of every rule; and t
 use on back-to-back matmuls."""
 
 import random
+from collections import deque
 
 import numpy as np
 import pytest
@@ -134,7 +135,9 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
         write = dut.psum_write
         accepted = next_beat = 0
         presenting = False
-        answer = None                  # the SBUF word answering this cycle
+        # The SBUF words granted in the last sbuf.read_latency cycles (None: no grant),
+        # oldest first: the oldest answers this cycle.
+        answers = deque([None] * golden_sbuf.read_latency(cfg))
         last_write = {}                # program index -> cycle of its last PSUM beat
         entry_written = {}             # (bank, entry) -> cycle of its last PSUM beat
         for cycle in range(cycles):
@@ -143,6 +146,7 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
                 presenting = True      # held until accepted, as a stream requires
                 ctx.set(dut.instruction.payload.as_value(), words[accepted])
             ctx.set(dut.instruction.valid, presenting)
+            answer = answers.popleft()
             ctx.set(response.valid, answer is not None)
             if answer is not None:
                 ctx.set(response.payload.as_value(), vectors[answer])
@@ -161,7 +165,7 @@ def _run(cfg, program, *, seed, grant=1.0, psum_ready=1.0, present=1.0, image=No
             if presenting and ctx.get(dut.instruction.ready):
                 accepted += 1
                 presenting = False
-            answer = ctx.get(request.payload.word) if granted else None
+            answers.append(ctx.get(request.payload.word) if granted else None)
             if ctx.get(write.valid) and ready:
                 got = beat.decode(ctx.get(write.payload.as_value()))
                 index, bank, entry, accumulate, is_float, last = beats[next_beat]
@@ -266,9 +270,13 @@ def _random_program(cfg, rng, matmuls, *, reuse=0.4):
     (TINY.replace(psum_add_stages=4, psum_banks=2, psum_bank_entries=32), 13, 1.0, 1.0, 1.0,
      60),
     (TINY.replace(psum_add_stages=1, pe_add_stages=1), 14, 0.6, 0.8, 1.0, 40),
+    # Registers at the SBUF's partitions: every word answered 2 or 3 cycles after its grant.
+    (TINY.replace(sbuf_input_stages=1), 15, 1.0, 1.0, 1.0, 60),
+    (TINY.replace(sbuf_input_stages=2, fast_weight_load=2), 16, 0.6, 0.8, 0.8, 40),
 ], ids=["tiny-full", "tiny-slow-sbuf", "tiny-backpressure", "tiny-acc16", "small",
         "tiny-narrow-bus", "4x8-short-moving", "tiny-wide-bus", "fast2-tiny-full",
-        "fast2-tiny-slow", "fast2-4x8", "psum4-tiny-full", "psum1-tiny-backpressure"])
+        "fast2-tiny-slow", "fast2-4x8", "psum4-tiny-full", "psum1-tiny-backpressure",
+        "sbuf1-tiny-full", "sbuf2-fast2-tiny-slow"])
 def test_random_programs_match_golden(cfg, seed, grant, psum_ready, present, matmuls):
     program = _random_program(cfg, random.Random(seed), matmuls)
     stats = _run(cfg, program, seed=seed, grant=grant, psum_ready=psum_ready,
@@ -429,7 +437,8 @@ def _fresh_tiles(cfg, count, seed):
     return program
 
 
-@pytest.mark.parametrize("cfg", [TINY, SMALL], ids=["tiny", "small"])
+@pytest.mark.parametrize("cfg", [TINY, SMALL, TINY.replace(sbuf_input_stages=2)],
+                         ids=["tiny", "small", "tiny-sbuf2"])
 def test_fresh_tiles_keep_the_array_busy(cfg):
     """n = psum_bank_entries >= K + M with a fresh tile per matmul: the array takes a vector
     every cycle (issue interval n) when the SBUF grants every cycle, and when it grants only
@@ -454,9 +463,11 @@ def test_fresh_tiles_with_random_sbuf_grants(cfg, floor):
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_reused_tile_issues_back_to_back(n):
-    """Matmuls reusing one tile issue back to back: no idle cycle between them."""
-    cfg = TINY
+@pytest.mark.parametrize("sbuf_stages", [0, 1, 2])
+def test_reused_tile_issues_back_to_back(n, sbuf_stages):
+    """Matmuls reusing one tile issue back to back: no idle cycle between them, however late
+    the SBUF answers (its input stages: the buffers grow with them)."""
+    cfg = TINY.replace(sbuf_input_stages=sbuf_stages)
     program = [(LOAD, {"sbuf_offset": 0, "rows": 4, "cols": 4})]
     program += [(MATMUL, {"sbuf_offset": 13 * i, "n": n, "psum_bank": i % 4,
                           "psum_entry": i % 8, "accumulate": 1}) for i in range(24)]
@@ -470,11 +481,13 @@ def test_reused_tile_issues_back_to_back(n):
 @pytest.mark.parametrize("fast, cols, n", [
     (fast, 4, n) for fast in (0, 1) for n in (1, 4, 7)] + [
     (2, 4, 4), (2, 4, 7), (2, 8, 1), (2, 8, 4), (2, 8, 7)])
-def test_fresh_tiles_short_matmuls_at_the_engine_interval(n, fast, cols):
+@pytest.mark.parametrize("sbuf_stages", [0, 2])
+def test_fresh_tiles_short_matmuls_at_the_engine_interval(n, fast, cols, sbuf_stages):
     """Below K + M vectors (M + 1 with the fast weight load, M / 2 with two columns a beat)
     a fresh tile per matmul sets the pace: one matmul every max(n, K + M), max(n, M + 1) or
-    max(n, M / 2) cycles (docs/performance.md), nothing slower."""
-    cfg = TINY.replace(fast_weight_load=fast, pe_cols=cols)
+    max(n, M / 2) cycles (docs/performance.md), nothing slower, also with the SBUF's
+    answers two cycles later (its input stages)."""
+    cfg = TINY.replace(fast_weight_load=fast, pe_cols=cols, sbuf_input_stages=sbuf_stages)
     count = 10
     program = []
     for i in range(count):

@@ -149,6 +149,16 @@ class Config:
         Largest N (moving vectors) of one matmul: one PSUM bank.
     sbuf_partitions, sbuf_bytes_per_partition : int
         State buffer geometry.
+    sbuf_input_stages : int
+        Registers between the SBUF's arbiters and each partition's SRAM, 0 to 2: the
+        granted read's address and enable and the granted write's address, data and byte
+        enables pass them at every partition, so the arbitration does not drive the block
+        RAMs of all partitions, spread over an FPGA, in the cycle of the grant. Reads and
+        writes pass the same number, so they meet the memory in the order they were granted
+        (a read still sees every write granted before it); each adds a cycle to every SBUF
+        read's latency: the response comes ``1 + sbuf_input_stages`` cycles after the grant
+        (docs/architecture.md, "Timing"). The ``fpga`` preset has 1 (docs/fpga.md,
+        "Timing").
     psum_banks, psum_bank_entries : int
         Partial-sum buffer geometry (per PSUM partition; ``pe_cols`` partitions).
     dma_bus_bytes : int
@@ -183,6 +193,7 @@ class Config:
     moving_max: int
     sbuf_partitions: int
     sbuf_bytes_per_partition: int
+    sbuf_input_stages: int = 0
     psum_banks: int
     psum_bank_entries: int
     dma_bus_bytes: int
@@ -250,6 +261,7 @@ class Config:
         rule("pe_multiply_stages", 0 <= self.pe_multiply_stages <= 4,
              "must be between 0 and 4")
         rule("pe_input_stages", 0 <= self.pe_input_stages <= 2, "must be 0, 1 or 2")
+        rule("sbuf_input_stages", 0 <= self.sbuf_input_stages <= 2, "must be 0, 1 or 2")
         rule("pe_add_stages", 0 <= self.pe_add_stages <= 4, "must be between 0 and 4")
         if self.pe_add_stages:
             packed = [name for name in self.dtypes if self.macs_per_pe_cycle(name) > 1]
@@ -413,7 +425,7 @@ _FIELD_TYPES = {
     "activation_multiply_stages": int,
     "activation_add_stages": int, "psum_add_stages": int, "fast_weight_load": int,
     "acc_bits": int, "moving_max": int,
-    "sbuf_partitions": int, "sbuf_bytes_per_partition": int,
+    "sbuf_partitions": int, "sbuf_bytes_per_partition": int, "sbuf_input_stages": int,
     "psum_banks": int, "psum_bank_entries": int,
     "dma_bus_bytes": int, "dma_engines": int, "semaphores": int, "hbm_bytes": int, "clock_hz": int,
     "cores_per_chip": int, "chips_per_server": int,
@@ -503,11 +515,12 @@ PRESETS = {
     # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
     # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32
     # bit; its HBM is on-chip block RAM of the board top (docs/fpga.md), 128 KiB = 64 more.
-    # A register after each PE multiplier, one in front of the array and one before each
-    # activation lane's multiplier: the 100 MHz of the ECPIX-5 board (docs/fpga.md).
+    # A register after each PE multiplier, one in front of the array, one before each
+    # activation lane's multiplier and one at each SBUF partition's inputs: the 100 MHz of
+    # the ECPIX-5 board (docs/fpga.md).
     "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
              "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1, "pe_input_stages": 1,
-             "activation_input_stages": 1},
+             "activation_input_stages": 1, "sbuf_input_stages": 1},
     # The formats of the published throughput figures (the reference file): BF16 and FP8 on
     # both, MXFP8 on Trainium3 (nc_matmul_mx). The MAC rates are the ratios of the published
     # per-core figures: NeuronCore-v3 tflops_fp8 158 = 2 x tflops_bf16 79, NeuronCore-v4

@@ -3,7 +3,9 @@
 from collections import deque
 
 from opentrn import numerics
+from opentrn.golden import sbuf
 from opentrn.hdl.activation_engine import stages as activation_stages
+from opentrn.hdl.activation_unit import input_slots
 
 _OUT_BYTES = {code: numerics.format_of_code(code).bytes for code in range(8)}
 
@@ -23,7 +25,11 @@ class _ActivationUnitModel:
         self.act_state = "IDLE"
         self.act_ins = None
         self.act_reads_left = 0
-        self.act_in_flight = False
+        self.act_slots = input_slots(config)
+        # The cycles the reads in flight are answered in (1 after the grant from the PSUM,
+        # sbuf.read_latency from the SBUF), oldest first; the bias read's.
+        self.act_arrivals = deque()
+        self.act_bias_arrival = None
         self.act_level = 0
         self.act_in_index = 0
         self.act_in_byte = 0
@@ -40,7 +46,10 @@ class _ActivationUnitModel:
         ins = self.act_ins
         state = self.act_state
         streaming = state == "STREAM"
-        response = self.act_in_flight           # a read granted last cycle returns now
+        arrivals = self.act_arrivals
+        response = bool(arrivals) and arrivals[0] == cycle
+        if response:
+            arrivals.popleft()
         if state == "IDLE":
             if handed is not None:
                 f = handed.fields
@@ -58,16 +67,18 @@ class _ActivationUnitModel:
         if state == "BIAS":
             if sbuf_granted:
                 self.act_state = "BIAS_RESPONSE"
+                self.act_bias_arrival = cycle + sbuf.read_latency(self.config)
             return
         if state == "BIAS_RESPONSE":
-            self.act_state = "STREAM"           # the response comes the cycle after
+            if cycle == self.act_bias_arrival:
+                self.act_state = "STREAM"
             return
         f = ins.fields
         last_index = f["n"] - 1
         granted = sbuf_granted if f["src"] else psum_granted
-        self.act_in_flight = granted
         if granted:
             self.act_reads_left -= 1
+            arrivals.append(cycle + (sbuf.read_latency(self.config) if f["src"] else 1))
         pop = take and (not f["src"] or self.act_in_byte == width - 1
                         or self.act_in_index == last_index)
         vector_last = take and self.act_in_index == last_index

@@ -6,7 +6,6 @@ programs on it."""
 from opentrn import isa, timeline
 from opentrn.golden import psum, tensor_engine
 from opentrn.hdl.activation_engine import stages as activation_stages
-from opentrn.hdl.activation_unit import INPUT_SLOTS as ACT_INPUT_SLOTS
 from opentrn.hdl.activation_unit import WRITE_SLOTS
 from opentrn.hdl.axi4 import BOUNDARY_BYTES
 from opentrn.hdl.core import COUNTERS as CORE_COUNTERS
@@ -75,7 +74,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
         ins = self.act_ins
         act_streaming = self.act_state == "STREAM"
         act_request = (act_streaming and self.act_reads_left != 0
-                       and self.act_level + self.act_in_flight < ACT_INPUT_SLOTS)
+                       and self.act_level + len(self.act_arrivals) < self.act_slots)
         act_src_sbuf = bool(ins and ins.fields["src"])
         act_sbuf_read = (self.act_state == "BIAS") or (act_request and act_src_sbuf)
         act_psum_read = act_request and not act_src_sbuf

@@ -2,6 +2,7 @@
 
 from collections import deque
 
+from opentrn.golden import sbuf
 from opentrn.hdl.dma import GEARBOX_WORDS
 
 from .access_pattern import _Walker
@@ -11,9 +12,9 @@ from .sequencer import _IDLE
 DMA_FIFO_LATENCY = 2            # hdl/dma.py's SyncFIFOBuffered: written in t, read in t + 2
 
 #: Cycles a descriptor costs beyond its bus words: queue to engine (1), check (1), the first
-#: read answered (HBM_READ_CYCLES, or 1 from a buffer), into the realignment buffer and
-#: written (1), the finish seen (1), FINISH (1), ``done`` (1); a write to HBM also waits for
-#: its last response (HBM_WRITE_RESPONSE_CYCLES).
+#: read answered (HBM_READ_CYCLES; from a buffer 1, or sbuf.read_latency), into the
+#: realignment buffer and written (1), the finish seen (1), FINISH (1), ``done`` (1); a write
+#: to HBM also waits for its last response (HBM_WRITE_RESPONSE_CYCLES).
 DMA_READ_OVERHEAD = 5 + HBM_READ_CYCLES
 DMA_WRITE_OVERHEAD = 6 + HBM_WRITE_RESPONSE_CYCLES
 
@@ -33,6 +34,7 @@ class _DmaEngine:
 
     def __init__(self, config):
         self.width = config.dma_bus_bytes
+        self.sbuf_latency = sbuf.read_latency(config)
         self.capacity = GEARBOX_WORDS * self.width
         self.queue = deque()            # (readable cycle, fields)
         self.sizes = deque()            # bytes of each descriptor accepted, not done
@@ -46,7 +48,7 @@ class _DmaEngine:
         self.level = 0
         self.reads_in_flight = 0
         self.words_in_flight = 0
-        self.response_due = False       # a buffer read granted last cycle
+        self.arrivals = deque()         # the cycles the buffer reads in flight are answered in
         self.bursts_sent = 0
         self.bursts_unwritten = 0
         self.in_burst = False
@@ -68,12 +70,16 @@ class _DmaModel:
         if ar_sent:
             dma.src_issue.step(dma.src_issue.burst_words())
         dma.reads_in_flight += ar_sent - last_taken
-        # reads from a buffer: the response comes the next cycle
-        responded = dma.response_due
+        # reads from a buffer: the response comes 1 cycle after the grant from the PSUM,
+        # sbuf.read_latency from the SBUF
+        responded = bool(dma.arrivals) and dma.arrivals[0] == cycle
+        if responded:
+            dma.arrivals.popleft()
         if buffer_granted:
             dma.src_issue.step(1)
+            dma.arrivals.append(cycle + (dma.sbuf_latency if dma.desc["src_space"] == _SBUF
+                                         else 1))
         dma.words_in_flight += buffer_granted - responded
-        dma.response_due = buffer_granted
         arrived = r_taken or responded
         push = 0
         if arrived:

@@ -6,8 +6,8 @@ from collections import deque
 from amaranth.utils import exact_log2
 
 from opentrn import numerics
-from opentrn.golden import tensor_engine
-from opentrn.hdl.tensor_unit import LOAD_JOBS, LOAD_WORDS, MATMUL_JOBS, MATMUL_WORDS
+from opentrn.golden import sbuf, tensor_engine
+from opentrn.hdl.tensor_unit import load_jobs, load_words, matmul_jobs, matmul_words
 from opentrn.isa import Opcode
 
 
@@ -83,17 +83,21 @@ class _TensorUnitModel:
         self.K, self.M = config.pe_rows, config.pe_cols
         self.latency = tensor_engine.latency(config)    # a vector to its result
         self.per_beat = config.load_columns
-        self.loads = _Reader(LOAD_JOBS, LOAD_WORDS, width, self.per_beat)
-        self.matmuls = _Reader(MATMUL_JOBS, MATMUL_WORDS, width)
+        load = (load_jobs(config), load_words(config))
+        matmul = (matmul_jobs(config), matmul_words(config))
+        self.loads = _Reader(*load, width, self.per_beat)
+        self.matmuls = _Reader(*matmul, width)
         self.mx = bool(numerics.mx_blocks(config))
         self.scales = {}
         if self.mx:
-            self.scales = {"load": _Reader(LOAD_JOBS, LOAD_WORDS, width, self.per_beat),
-                           "matmul": _Reader(MATMUL_JOBS, MATMUL_WORDS, width)}
+            self.scales = {"load": _Reader(*load, width, self.per_beat),
+                           "matmul": _Reader(*matmul, width)}
         self.readers = [self.loads, self.matmuls, *self.scales.values()]
         self.te_locked = False
         self.te_owner = 0
-        self.te_responding = -1
+        # The reader granted the SBUF in each of the last sbuf.read_latency cycles (-1:
+        # none), oldest first: the oldest's word arrives now.
+        self.te_responding = deque([-1] * sbuf.read_latency(config))
         self.sequence = 0
         self.load_pending = False
         self.tile_macs = 0
@@ -113,7 +117,7 @@ class _TensorUnitModel:
         self.order = deque()            # True: a load
         # As hdl/tensor_unit.py's: the array's rows are 1 + pe_add_stages cycles apart.
         self.order_depth = (2 * (self.K * (1 + config.pe_add_stages) + self.M)
-                            + LOAD_JOBS + MATMUL_JOBS)
+                            + load[0] + matmul[0])
         self.loads_done = 0
         self.matmuls_done = 0
         # The PSUM writes a result back 1 + psum_add_stages cycles after it takes it: per
@@ -212,7 +216,7 @@ class _TensorUnitModel:
                        te_write, te_write_last, retire, head_is_load):
         M = self.M
         loads, matmuls = self.loads, self.matmuls
-        responding = self.te_responding
+        responding = self.te_responding.popleft()
         # which readers take and finish
         load_finish = load_take and loads.col == M - self.per_beat
         mm_job = matmuls.queue[0] if matmuls.queue else None
@@ -234,7 +238,7 @@ class _TensorUnitModel:
                                 take, finish)
         self.te_locked = request_valid and not port_granted
         self.te_owner = owner
-        self.te_responding = owner if port_granted else -1
+        self.te_responding.append(owner if port_granted else -1)
         # the array
         complete = False
         if load_take:
