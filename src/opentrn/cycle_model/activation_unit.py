@@ -26,6 +26,7 @@ class _ActivationUnitModel:
         self.act_ins = None
         self.act_reads_left = 0
         self.act_slots = input_slots(config)
+        self.act_sbuf_latency = sbuf.read_latency(config)
         # The cycles the reads in flight are answered in (1 after the grant from the PSUM,
         # sbuf.read_latency from the SBUF), oldest first; the bias read's.
         self.act_arrivals = deque()
@@ -67,7 +68,7 @@ class _ActivationUnitModel:
         if state == "BIAS":
             if sbuf_granted:
                 self.act_state = "BIAS_RESPONSE"
-                self.act_bias_arrival = cycle + sbuf.read_latency(self.config)
+                self.act_bias_arrival = cycle + self.act_sbuf_latency
             return
         if state == "BIAS_RESPONSE":
             if cycle == self.act_bias_arrival:
@@ -78,7 +79,7 @@ class _ActivationUnitModel:
         granted = sbuf_granted if f["src"] else psum_granted
         if granted:
             self.act_reads_left -= 1
-            arrivals.append(cycle + (sbuf.read_latency(self.config) if f["src"] else 1))
+            arrivals.append(cycle + (self.act_sbuf_latency if f["src"] else 1))
         pop = take and (not f["src"] or self.act_in_byte == width - 1
                         or self.act_in_index == last_index)
         vector_last = take and self.act_in_index == last_index
