@@ -42,6 +42,9 @@ class AccessPatternWalker(wiring.Component):
         The first byte of the current word that belongs to the row.
     lane_count : ``Out(range(word_bytes + 1))``
         How many bytes of the current word, from ``first_lane``, belong to the row.
+    lane_count_after_step : ``Out(range(word_bytes + 1))``
+        What ``lane_count`` becomes if this cycle steps (and a word remains after it): made
+        from registers, for a user that registers a decision about the next word.
     words_left : ``Out(...)``
         Words of the row from the current one to its end.
     burst_words : ``Out(range(max_burst + 1))``
@@ -66,6 +69,7 @@ class AccessPatternWalker(wiring.Component):
             "word": Out(addr_bits - self._log2_word),
             "row_partition": Out(partition_bits),
             "first_lane": Out(range(word_bytes)), "lane_count": Out(range(word_bytes + 1)),
+            "lane_count_after_step": Out(range(word_bytes + 1)),
             "words_left": Out(addr_bits + 1),
             "burst_words": Out(range(max_burst + 1)),
         })
@@ -141,12 +145,13 @@ class AccessPatternWalker(wiring.Component):
             lane = address[:shift] if shift else 0
             row_to_boundary = Signal.like(to_boundary, name="row_to_boundary")
             m.d.comb += row_to_boundary.eq(boundary_words - address[shift:12])
+            # A row of one word has all its bytes there; else they run to the end.
+            lane_count = Mux(one_word, self.row_bytes, lanes + 1 - lane)
             return [cur.eq(address), left.eq(words), tail_count.eq(last_lane + 1),
-                    # A row of one word has all its bytes there; else they run to the end.
-                    self.lane_count.eq(Mux(one_word, self.row_bytes, lanes + 1 - lane)),
+                    self.lane_count.eq(lane_count),
                     to_boundary.eq(row_to_boundary),
                     burst.eq(bursts(narrow_words, row_to_boundary)),
-                    self.row_partition.eq(partition)]
+                    self.row_partition.eq(partition)], lane_count
 
         def start_first_row(address, partition):
             """The walk's first row, from the pattern's inputs: ``(lane + row_bytes - 1) //
@@ -157,7 +162,7 @@ class AccessPatternWalker(wiring.Component):
             last = Signal(bits, name="first_row_last")
             m.d.comb += [last.eq(lane + self.row_bytes - 1), words.eq((last >> shift) + 1)]
             return row(address, partition, words, words, last[:shift] if shift else 0,
-                       (last >> shift) == 0)
+                       (last >> shift) == 0)[0]
 
         def start_row(address, partition, size):
             """A row after the first, its words chosen from ``size`` (:func:`row_sizes`)."""
@@ -190,6 +195,16 @@ class AccessPatternWalker(wiring.Component):
 
         one, whole = stepped(1, "word"), stepped(burst, "burst")
         after = {key: Mux(self.step_burst, whole[key], one[key]) for key in one}
+        next_row_start, next_row_lanes = start_row(next_row, self.row_partition + self.pstep1,
+                                                   sizes)
+        next_part = plane_part + self.pstep2
+        next_plane_start, next_plane_lanes = start_row(next_plane, next_part, sizes)
+        with m.If(after["within"]):
+            m.d.comb += self.lane_count_after_step.eq(after["lane_count"])
+        with m.Elif(rows_after != 0):
+            m.d.comb += self.lane_count_after_step.eq(next_row_lanes)
+        with m.Else():
+            m.d.comb += self.lane_count_after_step.eq(next_plane_lanes)
         with m.If(self.load):
             m.d.sync += [self.active.eq(1), plane_part.eq(self.partition),
                          rows_after.eq(self.n1 - 1), planes_after.eq(self.n2 - 1),
@@ -205,14 +220,13 @@ class AccessPatternWalker(wiring.Component):
                              self.lane_count.eq(after["lane_count"])]
             with m.Elif(rows_after != 0):
                 m.d.sync += [rows_after.eq(rows_after - 1), next_row.eq(next_row + self.stride1),
-                             *start_row(next_row, self.row_partition + self.pstep1, sizes)]
+                             *next_row_start]
             with m.Elif(planes_after != 0):
-                next_part = plane_part + self.pstep2
                 m.d.sync += [rows_after.eq(self.n1 - 1), planes_after.eq(planes_after - 1),
                              plane_part.eq(next_part),
                              next_row.eq(next_plane + self.stride1),
                              next_plane.eq(next_plane + self.stride2),
-                             *start_row(next_plane, next_part, sizes)]
+                             *next_plane_start]
             with m.Else():
                 m.d.sync += self.active.eq(0)
         return m

@@ -21,15 +21,18 @@ __all__ = ["BlockRAMMemory", "MemoryPortSignature", "request_layout", "response_
 
 #: The latency of :class:`~opentrn.hdl.axi4_memory.AXI4Memory` whose timing this memory has,
 #: handshake for handshake (``opentrn.cycle_model.predict(program, latency=LATENCY)`` gives a
-#: board's counters): a read address is registered before it is read, so no path runs from
-#: a manager's AR channel into the block RAMs' address inputs.
-LATENCY = 1
+#: board's counters): a read address is queued before it is read, so no path runs from a
+#: manager's AR channel into the block RAMs' address inputs, and the address of each read
+#: is a register of its own, so only that register's net reaches the block RAMs spread
+#: over the die (docs/fpga.md, "Timing").
+LATENCY = 2
 
-#: Read beats between the memory and the R channel: the beats in the read pipeline (one) and
-#: in the output queue together. Issuing the next read only while fewer are in flight, with
-#: registered counts, keeps one beat per cycle flowing when ``rready`` stays high and loses
-#: no beat when it drops: a stalled queue takes the beats already read.
-READ_QUEUE = 3
+#: Read beats between the memory and the R channel: the beats in the read pipeline (the
+#: address register and the memory's output) and in the output queue together. Issuing the
+#: next read only while fewer are in flight, with registered counts, keeps one beat per cycle
+#: flowing when ``rready`` stays high and loses no beat when it drops: a stalled queue takes
+#: the beats already read.
+READ_QUEUE = 4
 #: Write responses waiting for ``bready`` (W stalls before the queue could overflow; the
 #: core has at most 4 write bursts awaiting their response).
 RESPONSE_QUEUE = 8
@@ -111,14 +114,15 @@ class BlockRAMMemory(wiring.Component):
 
     * AR is ready while fewer than ``outstanding`` bursts are in flight (from the address to
       the last beat's transfer; the core has at most 7: always). A burst whose address
-      transfers in cycle ``t`` is queued, and presents its first beat in ``t + 3``, then one
-      beat per cycle while ``rready`` is high; bursts are answered in order. A beat is read
-      from the memory two cycles before it is presented into a queue of :data:`READ_QUEUE`
-      registers, so a stalled R channel costs nothing when it resumes. The burst's checks
-      (the error it answers) are made on the queue's head, not on the AR channel.
+      transfers in cycle ``t`` is queued, and presents its first beat in ``t + 4``, then one
+      beat per cycle while ``rready`` is high; bursts are answered in order. A beat's read
+      address is registered, read from the memory the cycle after and queued the cycle
+      after that, in a queue of :data:`READ_QUEUE` registers, so a stalled R channel costs
+      nothing when it resumes. The burst's checks (the error it answers) are made on the
+      queue's head, not on the AR channel.
     * W is ready once its burst's address has transferred (it never is earlier; the core's
       managers send W after AW). A beat is registered at its transfer and written the cycle
-      after; the burst's response presents three cycles after its last beat.
+      after; the burst's response presents four cycles after its last beat.
     * AW ready follows cocotbext-axi's AW queue (two addresses) in front of the RAM's write
       process, as :class:`~opentrn.hdl.axi4_memory.AXI4Memory` models it.
 
@@ -129,11 +133,12 @@ class BlockRAMMemory(wiring.Component):
     burst takes all its beats and answers the error (the core's DMA turns either into its
     ``READ_*`` / ``WRITE_*`` error codes, its fetchers into ``FETCH_ERROR``).
 
-    The host port takes one request at a time and has priority: a host read uses the read
-    port in the cycle its request is taken (the AXI side then issues no read that cycle) and
-    answers two cycles later; a host write stalls W for the cycle its request is taken and
-    answers the cycle after. The host may so delay AXI beats (which AXI allows), never lose
-    or reorder them. A request outside the memory answers ``error`` and touches nothing.
+    The host port takes one request at a time and has priority: a host read takes the read
+    address register in the cycle its request is taken (the AXI side then issues no read
+    that cycle) and answers three cycles later; a host write stalls W for the cycle its
+    request is taken and answers the cycle after. The host may so delay AXI beats (which
+    AXI allows), never lose or reorder them. A request outside the memory answers ``error``
+    and touches nothing.
 
     Members
     -------
@@ -217,7 +222,7 @@ class BlockRAMMemory(wiring.Component):
         with m.If(host_take):
             m.d.sync += host_busy.eq(1)
 
-        # -- reads: bursts queued in order, checked at the head, beats read two cycles ahead --
+        # -- reads: bursts queued in order, checked at the head, beats read ahead --------------
         queued = data.StructLayout({"addr": addr_width, "length": 8, "id": id_width,
                                     "size": 3, "burst": 2})
         burst = data.StructLayout({"word": word_width - 1, "length": 8, "id": id_width,
@@ -253,16 +258,22 @@ class BlockRAMMemory(wiring.Component):
 
         beat = data.StructLayout({"data": data_width, "id": id_width, "resp": 2, "last": 1})
         queue = _Queue(m, beat, READ_QUEUE, "r_slot")
-        # The read pipeline's one stage: what the memory's output holds this cycle.
-        stage = Signal(data.StructLayout({"axi": 1, "host": 1, "outside": 1, "id": id_width,
-                                          "resp": 2, "last": 1}))
+        # The read pipeline's two stages: what the read address register holds this cycle,
+        # and what the memory's output holds.
+        stage_layout = data.StructLayout({"axi": 1, "host": 1, "outside": 1, "id": id_width,
+                                          "resp": 2, "last": 1})
+        addressed, stage = Signal(stage_layout), Signal(stage_layout)
+        read_addr = Signal.like(read.addr)
         issue = Signal()
         m.d.comb += [
-            issue.eq(source_valid & (stage.axi + queue.count < READ_QUEUE) & ~host_read),
+            issue.eq(source_valid & (addressed.axi + stage.axi + queue.count < READ_QUEUE)
+                     & ~host_read),
             reads.r_en.eq(issue & ~current_valid),
-            read.en.eq(issue | host_read),
-            read.addr.eq(Mux(host_read, request.payload.addr, source.word)),
+            read.en.eq(addressed.axi | addressed.host),
+            read.addr.eq(read_addr),
         ]
+        with m.If(issue | host_read):
+            m.d.sync += read_addr.eq(Mux(host_read, request.payload.addr, source.word))
         with m.If(issue):
             m.d.sync += [
                 current_valid.eq(source.length != 0),
@@ -272,9 +283,10 @@ class BlockRAMMemory(wiring.Component):
                 current.resp.eq(source.resp),
             ]
         m.d.sync += [
-            stage.axi.eq(issue), stage.host.eq(host_read), stage.outside.eq(host_outside),
-            stage.id.eq(source.id), stage.resp.eq(source.resp),
-            stage.last.eq(source.length == 0),
+            addressed.axi.eq(issue), addressed.host.eq(host_read),
+            addressed.outside.eq(host_outside), addressed.id.eq(source.id),
+            addressed.resp.eq(source.resp), addressed.last.eq(source.length == 0),
+            stage.eq(addressed),
         ]
         arriving = Signal(beat)
         m.d.comb += [

@@ -18,6 +18,7 @@ from .partitioned_memory import (
     word_response_layout,
     word_write_layout,
 )
+from .skid_buffer import SkidBuffer
 
 __all__ = ["DMA", "Space", "ErrorCode", "descriptor_layout", "buffer_geometry", "SIZE_BITS",
            "PARTITION_BITS"]
@@ -237,14 +238,31 @@ class DMA(wiring.Component):
         dst_in = {space: Signal(name=f"dst_in_{space.name.lower()}") for space in spaces}
         src_hbm, dst_hbm = src_in[Space.HBM], dst_in[Space.HBM]
 
+        # Each AXI4 address channel takes its bursts from its walker through a skid buffer:
+        # a walker steps on its own activity and the buffer's "empty" register, not on the
+        # interconnect's ``arready``/``awready`` (which came through the core's read arbiter
+        # into the walker's arithmetic, docs/fpga.md, "Timing"). The buffer adds no cycle.
+        address_layout = data.StructLayout({"addr": len(self.axi.araddr), "len": 8})
+
+        def address_skid(name, walk, space_chosen):
+            skid = m.submodules[name] = SkidBuffer(layout=address_layout)
+            m.d.comb += [
+                skid.i.valid.eq(running & space_chosen & walk.active),
+                skid.i.payload.addr.eq(walk.address),
+                skid.i.payload.len.eq(walk.burst_words - 1),
+            ]
+            return skid.o, skid.i.valid & skid.i.ready
+
         # -- source: HBM reads ------------------------------------------------------------
         axi = self.axi
         reads_in_flight = Signal(range(MAX_OUTSTANDING + 1))
         read_room = Signal(init=1)          # reads_in_flight < MAX_OUTSTANDING, registered
+        ar, ar_walked = address_skid("ar_skid", src_issue, src_hbm)
         m.d.comb += [
-            axi.arid.eq(0), axi.araddr.eq(src_issue.address), axi.arsize.eq(shift),
-            axi.arburst.eq(BURST_INCR), axi.arlen.eq(src_issue.burst_words - 1),
-            axi.arvalid.eq(running & src_hbm & src_issue.active & read_room),
+            axi.arid.eq(0), axi.araddr.eq(ar.payload.addr), axi.arsize.eq(shift),
+            axi.arburst.eq(BURST_INCR), axi.arlen.eq(ar.payload.len),
+            axi.arvalid.eq(ar.valid & read_room),
+            ar.ready.eq(axi.arready & read_room),
             # Take a beat only while a whole word fits: no path from the pop to the push.
             axi.rready.eq(running & src_hbm & src_take.active
                           & (gearbox.level <= capacity - width)),
@@ -295,7 +313,7 @@ class DMA(wiring.Component):
             m.d.sync += words_in_flight.eq(words_in_flight - 1)
 
         m.d.comb += [
-            src_issue.step.eq(ar_sent | requested),
+            src_issue.step.eq(ar_walked | requested),
             src_issue.step_burst.eq(src_hbm),
         ]
 
@@ -320,7 +338,10 @@ class DMA(wiring.Component):
         # -- destination ------------------------------------------------------------------
         need = Signal(range(width + 1))
         m.d.comb += need.eq(dst_put.lane_count)
-        have = running & dst_put.active & (gearbox.level >= need)
+        # ``gearbox.level >= need``, a register made a cycle ahead (below): a destination
+        # write's valid, into a memory's write grant, starts from flip-flops.
+        level_ok = Signal()
+        have = running & dst_put.active & level_ok
         lanes = Signal(width)
         m.d.comb += lanes.eq(((1 << need) - 1) << dst_put.first_lane)
         out_data = Signal(8 * width)
@@ -333,12 +354,14 @@ class DMA(wiring.Component):
         # HBM writes: AW bursts run ahead of the data, at most MAX_OUTSTANDING unanswered.
         bursts_sent = Signal(range(MAX_OUTSTANDING + 1))      # AW sent, B not yet back
         bursts_unwritten = Signal(range(MAX_OUTSTANDING + 1))  # AW sent, W not yet done
+        aw, aw_walked = address_skid("aw_skid", dst_issue, dst_hbm)
+        write_room = bursts_sent < MAX_OUTSTANDING
         m.d.comb += [
-            axi.awid.eq(0), axi.awaddr.eq(dst_issue.address), axi.awsize.eq(shift),
-            axi.awburst.eq(BURST_INCR), axi.awlen.eq(dst_issue.burst_words - 1),
-            axi.awvalid.eq(running & dst_hbm & dst_issue.active
-                           & (bursts_sent < MAX_OUTSTANDING)),
-            dst_issue.step.eq(axi.awvalid & axi.awready),
+            axi.awid.eq(0), axi.awaddr.eq(aw.payload.addr), axi.awsize.eq(shift),
+            axi.awburst.eq(BURST_INCR), axi.awlen.eq(aw.payload.len),
+            axi.awvalid.eq(aw.valid & write_room),
+            aw.ready.eq(axi.awready & write_room),
+            dst_issue.step.eq(aw_walked),
             dst_issue.step_burst.eq(1),
         ]
         in_burst = Signal()
@@ -397,6 +420,23 @@ class DMA(wiring.Component):
                 request, answer, pop, push = ((outcome >> bit) & 1 for bit in range(4))
                 with m.Case(outcome):
                     m.d.sync += word_room.eq(fits[push, pop, request - answer])
+
+        # The same for the destination's "enough bytes": for each outcome of this cycle's
+        # handshakes, next cycle's level against next cycle's need (the put walker's lane
+        # count after a step when a word is written). A descriptor starts with the buffer
+        # empty (every byte pushed is popped before it finishes) and a row has a byte.
+        enough = {(push, pop): (gearbox.level + (src_take.lane_count if push else 0)
+                                - (need if pop else 0)
+                                >= (dst_put.lane_count_after_step if pop else need))
+                  for push in (0, 1) for pop in (0, 1)}
+        with m.If(start):
+            m.d.sync += level_ok.eq(0)
+        with m.Else():
+            with m.Switch(Cat(written, arrived)):
+                for outcome in range(4):
+                    pop, push = outcome & 1, outcome >> 1
+                    with m.Case(outcome):
+                        m.d.sync += level_ok.eq(enough[push, pop])
 
         # -- descriptor sequencing --------------------------------------------------------
         head = data.View(entry, queue.r_data)

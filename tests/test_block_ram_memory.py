@@ -237,7 +237,7 @@ def _burst_starts(beats):
 
 async def _host_access(ctx, dut, addr, write=None):
     """One host port request; returns ``(data, error)`` and checks the response timing: a
-    read answers two cycles after its request is taken, a write one cycle after."""
+    read answers three cycles after its request is taken, a write one cycle after."""
     request, response = dut.host.request, dut.host.response
     ctx.set(request.payload.addr, addr)
     ctx.set(request.payload.write, write is not None)
@@ -252,7 +252,7 @@ async def _host_access(ctx, dut, addr, write=None):
     while not ctx.get(response.valid):
         await ctx.tick()
         waited += 1
-    assert waited == (1 if write is not None else 2)
+    assert waited == (1 if write is not None else 3)
     result = (ctx.get(response.payload.data), ctx.get(response.payload.error))
     await ctx.tick()
     ctx.set(response.ready, 0)
