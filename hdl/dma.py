@@ -411,32 +411,34 @@ class DMA(wiring.Component):
         # popped; a request and a response change the words in flight) compared from
         # registers; the handshakes only choose, so a memory's read grant does not follow an
         # adder and a compare into the arbiter (docs/fpga.md, "Timing").
-        fits = {(push, pop, change): (gearbox.level + (src_take.lane_count if push else 0)
-                                      - (need if pop else 0)
+        def decide_ahead(register, handshakes, value):
+            """``register`` takes ``value(*outcome)`` for the outcome (a bit per handshake,
+            in order) of this cycle's ``handshakes``: the values are made from registers,
+            the handshakes only choose among them."""
+            with m.Switch(Cat(*handshakes)):
+                for outcome in range(1 << len(handshakes)):
+                    with m.Case(outcome):
+                        m.d.sync += register.eq(
+                            value(*((outcome >> bit) & 1 for bit in range(len(handshakes)))))
+
+        # The realignment buffer's level next cycle, for a push and a pop or not.
+        level_after = {(push, pop): gearbox.level + (src_take.lane_count if push else 0)
+                       - (need if pop else 0) for push in (0, 1) for pop in (0, 1)}
+        fits = {(push, pop, change): (level_after[push, pop]
                                       + ((words_in_flight + change + 1) << shift) <= capacity)
                 for push in (0, 1) for pop in (0, 1) for change in (-1, 0, 1)}
-        with m.Switch(Cat(requested, responded, written, arrived)):
-            for outcome in range(16):
-                request, answer, pop, push = ((outcome >> bit) & 1 for bit in range(4))
-                with m.Case(outcome):
-                    m.d.sync += word_room.eq(fits[push, pop, request - answer])
+        decide_ahead(word_room, (requested, responded, written, arrived),
+                     lambda request, answer, pop, push: fits[push, pop, request - answer])
 
-        # The same for the destination's "enough bytes": for each outcome of this cycle's
-        # handshakes, next cycle's level against next cycle's need (the put walker's lane
-        # count after a step when a word is written). A descriptor starts with the buffer
-        # empty (every byte pushed is popped before it finishes) and a row has a byte.
-        enough = {(push, pop): (gearbox.level + (src_take.lane_count if push else 0)
-                                - (need if pop else 0)
-                                >= (dst_put.lane_count_after_step if pop else need))
-                  for push in (0, 1) for pop in (0, 1)}
+        # The same for the destination's "enough bytes": next cycle's level against next
+        # cycle's need (the put walker's lane count after a step when a word is written). A
+        # descriptor starts with the buffer empty (every byte pushed is popped before it
+        # finishes) and a row has a byte.
         with m.If(start):
             m.d.sync += level_ok.eq(0)
         with m.Else():
-            with m.Switch(Cat(written, arrived)):
-                for outcome in range(4):
-                    pop, push = outcome & 1, outcome >> 1
-                    with m.Case(outcome):
-                        m.d.sync += level_ok.eq(enough[push, pop])
+            decide_ahead(level_ok, (written, arrived), lambda pop, push: (
+                level_after[push, pop] >= (dst_put.lane_count_after_step if pop else need)))
 
         # -- descriptor sequencing --------------------------------------------------------
         head = data.View(entry, queue.r_data)
