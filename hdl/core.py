@@ -54,9 +54,9 @@ class Core(wiring.Component):
     :class:`~opentrn.hdl.tensor_unit.TensorUnit`,
     :class:`~opentrn.hdl.activation_unit.ActivationUnit`), the semaphores ordering them. The
     run ends *done* when every engine has completed its ``END``, or with the first *fault*
-    (a sequencer's, a DMA error, or a deadlock), which halts every sequencer; either raises
-    the interrupt if enabled. ``CONTROL.soft_reset`` resets everything but the host
-    registers' pointers and interrupt enables (and the memories' contents).
+    (a sequencer's, a DMA error, or a deadlock), which halts every sequencer from the next
+    cycle; either raises the interrupt if enabled. ``CONTROL.soft_reset`` resets everything
+    but the host registers' pointers and interrupt enables (and the memories' contents).
 
     Members
     -------
@@ -232,8 +232,11 @@ class Core(wiring.Component):
                          error_engine.eq(engine_of), error_pc.eq(pc), error_dma.eq(dma_code)]
         with m.If(done):
             m.d.sync += running.eq(0)
+        # The halt is the latched fault, a flip-flop: the fault's own logic and its nets from
+        # every sequencer stay off the sequencers' issue paths across the core (docs/fpga.md).
+        # An instruction another engine hands over in the fault's cycle still starts.
         for engine in Engine:
-            m.d.comb += sequencers[engine].halt.eq(fault_latched | fault)
+            m.d.comb += sequencers[engine].halt.eq(fault_latched)
         # After a fault the DMA's error is cleared so that the descriptors already queued
         # finish (docs/isa.md, "Errors") and the core can go idle.
         m.d.comb += memory.clear.eq(start | fault_latched)
