@@ -34,9 +34,9 @@ class ActivationLane(wiring.Component):
     cut after its significand product instead
     (:class:`~opentrn.hdl.fp_multiplier.FPMultiplier` ``stages``), so that the
     operands' decode and multiply and the normalization and rounding take a cycle each.
-    With 2 the float path registers ``x`` too (the choice of the input, outside the lane,
-    and the operand's decode and multiply then take a cycle each), and the integer path
-    delays its register of ``x`` a cycle to match.
+    With 2 the float path registers ``x`` and the scale (``multiplier``) too (the choice of
+    the input, outside the lane, and the operands' decode and multiply then take a cycle
+    each), and the integer path delays its register of ``x`` a cycle to match.
     ``multiply_stages`` (0 to 2, ``Config.activation_multiply_stages``) cut the float
     path's multiplier that many times more (after its normalization, then after its
     subnormal shift; with no input stage after the significand product first) and delay
@@ -207,12 +207,16 @@ class ActivationLane(wiring.Component):
         # decode of the operation's path in front of its alignment was an FPGA build's
         # critical path).
         operand = Mux(self.is_float, x[:32], 0)
+        scale = Mux(self.is_float, self.multiplier.as_unsigned(), 0)
         if self._input_stages == 2:
+            # Both operands, each vector's with it: the scale came from the activation
+            # unit's instruction register across the core (an FPGA build's critical path).
             operand = delayed(m, operand, 1, name="fp_x", enable=self.advance)
+            scale = delayed(m, scale, 1, name="fp_scale", enable=self.advance)
         m.d.comb += [
             multiplier.format.eq(fp32),
             multiplier.a[0].eq(operand),
-            multiplier.b[0].eq(Mux(self.is_float, self.multiplier.as_unsigned(), 0)),
+            multiplier.b[0].eq(scale),
             adder.a[0].eq(product),
             adder.b[0].eq(self.bias.as_unsigned()),
             cast.format.eq(self.out_format),

@@ -101,8 +101,9 @@ class Config:
         Stages in front of the activation lanes' multipliers, 0 to 2: 1 takes the choice
         of a lane's input (a PSUM entry, or a byte of an SBUF word) off the path into its
         32 x 32 bit multiply (a register of the input), and cuts its FP32 multiplier after
-        the significand product; 2 also registers the float path's input (its decode and
-        multiply then start from flip-flops), the integer path's input delayed to match.
+        the significand product; 2 also registers the float path's input and scale (its
+        decode and multiply then start from flip-flops), the integer path's input delayed
+        to match.
         Each is a cycle more of the engine's latency (an ACTIVATE retires ``n + 7 +
         activation_input_stages`` cycles after it is handed over) and nothing of its
         throughput (the ``fpga`` preset has 1; docs/fpga.md, "Timing").
