@@ -47,7 +47,7 @@ class _HbmAddr:
 
 
 class Kernel:
-    """Builds one kernel for ``config``; see the module documentation."""
+    """Builds one kernel for ``config``; see :mod:`opentrn.kernel`."""
 
     def __init__(self, config: Config, name: str = "kernel"):
         if not isinstance(config, Config):
