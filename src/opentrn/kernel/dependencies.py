@@ -4,8 +4,6 @@ an instruction needs."""
 
 from opentrn import isa
 
-_ACT = isa.Engine.ACTIVATION
-
 # A region is (key, rect): key names an allocation ("hbm"|"sbuf"|"psum", index), rect is
 # (a0, a1, b0, b1): rows/partitions a0..a1-1 x absolute bytes b0..b1-1 of that space.
 
@@ -55,7 +53,7 @@ class _Tracker:
         for key, write, rect in accesses:
             lists = self.records[key]
             for f in isa.Engine:
-                if f == engine and not (f == _ACT and key[0] == "sbuf"):
+                if f == engine and not (f == isa.Engine.ACTIVATION and key[0] == "sbuf"):
                     continue
                 for idx, rec_write, rec_rect in lists[f]:
                     if (write or rec_write) and idx + 1 > need.get(f, 0) and _overlap(
