@@ -93,10 +93,12 @@ def _dma_image(*instructions):
 
 #: A DMA of zero bytes (refused: DMA_ERROR, ZERO_SIZE) after a NOP.
 FAULT = _dma_image(encode(Opcode.NOP), encode(Opcode.DMA, n0=0, n1=1, n2=1, dst_space=1))
-#: 64 KiB of HBM into the SBUF (8 partitions of 8 KiB): 8,285 cycles of bursts at the bus's
-#: full rate, the block RAM's read timing in every counter.
-LONG = _dma_image(encode(Opcode.DMA, n0=8192, n1=8, n2=1, src_addr=0, src_stride1=8192,
-                         dst_space=1, dst_pstep1=1))
+#: 64 KiB of HBM into the SBUF (a run of 64 KiB / sbuf_partitions bytes into each
+#: partition): 8,287 cycles of bursts at the bus's full rate, the block RAM's read timing
+#: in every counter.
+_ROW = 65536 // FPGA.sbuf_partitions
+LONG = _dma_image(encode(Opcode.DMA, n0=_ROW, n1=FPGA.sbuf_partitions, n2=1, src_addr=0,
+                         src_stride1=_ROW, dst_space=1, dst_pstep1=1))
 
 
 @pytest.mark.sim
@@ -117,7 +119,7 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
         (gemm.hbm, gemm.programs),                         # the whole image read back
         (relu.hbm, relu.programs, {"read_back": [(relu_out[0], 9 * 35)]}),
         (fault_hbm, fault_programs, {"check": True}),
-        (*LONG, {"timeout": 2e-6}),                        # 200 cycles: too few
+        (*LONG, {"timeout": 2e-6}),                        # 160 cycles at 80 MHz: too few
         (relu.hbm, relu.programs, {"read_back": [(relu_out[0], 9 * 35)]}),
         LONG,
     ]
@@ -125,7 +127,7 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
     outcomes, records, result = run_images(FPGA, jobs, cases=cases, sim=sim)
     info = records[0]
     assert info == {"test": "info", "version": 1, "word_bytes": 8, "max_words": 256,
-                    "memory_words": WORDS, "timeout_cycles": 2000, "clock_hz": 100_000_000}
+                    "memory_words": WORDS, "timeout_cycles": 2000, "clock_hz": FPGA.clock_hz}
 
     # Every case answered with its code, and the driver talks to the board after each.
     case_records = {r["label"]: r for r in records if r.get("test") == "case"}
@@ -181,7 +183,8 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
     # The run past its timeout: no outcome, a one-line error with the state it was in.
     assert outcomes[3] is None
     assert job_records[3]["error"] == "RunTimeout"
-    assert re.fullmatch(r"the run did not finish within 2e-06 s \(200 cycles\): STATUS "
+    cycles = round(2e-6 * FPGA.clock_hz)
+    assert re.fullmatch(rf"the run did not finish within 2e-06 s \({cycles} cycles\): STATUS "
                         r"busy=1, idle=0, done=0, error=0, .*; [\d,]+ cycles run",
                         job_records[3]["message"]), job_records[3]["message"]
     # The next job waited for that run to end before its soft reset (outcomes[4] above); the
@@ -193,21 +196,24 @@ def test_kernels_faults_and_protocol_errors_through_the_host_driver():
 
 # -- without a simulator ----------------------------------------------------------------------
 
+#: The rates below are of a 100 MHz clock (the ECPIX-5's oscillator without its PLL).
+AT_100_MHZ = {"clock_hz": 100_000_000}
+
+
 @pytest.mark.parametrize("changes, baud, message", [
-    ({}, 30_000_000, "baud=30,000,000 with clock_hz=100,000,000: 3 clocks per bit, fewer "
-                     "than the 4 the UART receiver needs; the fastest rate is 25,000,000 "
-                     "baud"),
+    (AT_100_MHZ, 30_000_000, "baud=30,000,000 with clock_hz=100,000,000: 3 clocks per bit, "
+                             "fewer than the 4 the UART receiver needs; the fastest rate is "
+                             "25,000,000 baud"),
     # The FT2232H's fastest rate: 8 clocks per bit at 100 MHz are 12.5 Mbaud.
-    ({}, 12_000_000, "baud=12,000,000 with clock_hz=100,000,000: 8 clocks per bit give "
-                     "12,500,000 baud, 4.2% off (at most 2%)"),
-    ({}, 7_000_000, "baud=7,000,000 with clock_hz=100,000,000: 14 clocks per bit give "
-                    "7,142,857 baud, 2.0% off (at most 2%)"),
+    (AT_100_MHZ, 12_000_000, "baud=12,000,000 with clock_hz=100,000,000: 8 clocks per bit "
+                             "give 12,500,000 baud, 4.2% off (at most 2%)"),
+    (AT_100_MHZ, 7_000_000, "baud=7,000,000 with clock_hz=100,000,000: 14 clocks per bit "
+                            "give 7,142,857 baud, 2.0% off (at most 2%)"),
     ({}, 0, "baud=0: must be a positive number"),
     ({}, "fast", "baud='fast': must be a positive number"),
     ({"hbm_bytes": 8 << 20}, 1_000_000, "hbm_bytes=8,388,608: the board top holds its HBM "
                                         "in on-chip block RAM, at most 4,194,304 bytes"),
-    ({"pe_cols": 16}, 1_000_000, "pe_cols=16: the core needs pe_cols <= "
-                                                "sbuf_partitions=8"),
+    ({"pe_cols": 8}, 1_000_000, "pe_cols=8: the core needs pe_cols <= sbuf_partitions=4"),
 ])
 def test_the_board_top_refuses_what_it_cannot_build(changes, baud, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -218,7 +224,7 @@ def test_the_board_top_refuses_what_it_cannot_build(changes, baud, message):
 @pytest.mark.parametrize("baud, divisor", [(1_000_000, 100), (3_000_000, 33),
                                            (3_500_000, 29), (6_000_000, 17), (25_000_000, 4)])
 def test_the_board_top_takes_rates_within_2_percent(baud, divisor):
-    top = BoardTop(config=FPGA, baud=baud)
+    top = BoardTop(config=FPGA.replace(**AT_100_MHZ), baud=baud)
     top._MustUse__silence = True       # built to be looked at, not elaborated
     assert top.divisor == divisor
     assert abs(top.baud - baud) / baud <= 0.02
@@ -229,7 +235,7 @@ def test_the_board_top_verilog_lints_clean(tmp_path):
     require_simulator("verilator")
     from opentrn.hdl import hierarchy, ports
     top = BoardTop(config=FPGA, baud=1_000_000)
-    assert top.divisor == 100 and top.baud == 1_000_000
+    assert top.divisor == FPGA.clock_hz // 1_000_000 and top.baud == 1_000_000
     out = tmp_path / "board_top.v"
     out.write_text(hierarchy.convert(top, name="board_top", ports=ports(top)))
     ok, output = runner.lint(out, "board_top")

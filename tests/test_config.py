@@ -18,7 +18,7 @@ def test_presets_are_valid_and_round_trip(name, tmp_path):
 def test_small_presets():
     assert (config.preset("tiny").pe_rows, config.preset("tiny").pe_cols) == (4, 4)
     assert (config.preset("small").pe_rows, config.preset("small").pe_cols) == (8, 8)
-    assert (config.preset("fpga").pe_rows, config.preset("fpga").pe_cols) == (8, 8)
+    assert (config.preset("fpga").pe_rows, config.preset("fpga").pe_cols) == (4, 4)
     assert config.resolve() == config.preset("tiny")
 
 

@@ -1,4 +1,5 @@
-"""Generated Verilog of every preset up to ``fpga`` passes ``verilator --lint-only``."""
+"""Generated Verilog of every top of ``tiny`` and ``fpga``, and of ``small``'s core, passes
+``verilator --lint-only``."""
 
 import re
 
@@ -17,10 +18,11 @@ UNSIZED_TOPS = ("fp_adder", "fp_cast", "fp_multiplier")
 
 
 @pytest.mark.sim
-# tiny (every format) and fpga (int8 only, 8x8); small is fpga with smaller memories.
+# tiny (every format), fpga (int8, 4x4 with the FPGA build's pipeline stages) and the core
+# of small (int8, an 8x8 array).
 @pytest.mark.parametrize("name, top", [
     (name, top) for top in TOPS for name in ("tiny", "fpga")
-    if top not in UNSIZED_TOPS or name == "tiny"])
+    if top not in UNSIZED_TOPS or name == "tiny"] + [("small", "core")])
 def test_verilog_lints_clean(name, top, tmp_path):
     require_simulator("verilator")
     out = tmp_path / f"{top}.v"

@@ -445,11 +445,10 @@ def _unknown_key(key):
                        f"(known keys: {', '.join(_FIELD_TYPES)})")
 
 
-def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries):
-    """A core for simulation: a single chip with a single core, an FPGA-like 100 MHz clock
-    and a memory that delivers one bus beat per cycle."""
+def _simulation_core(n, *, sbuf_kib, psum_banks, psum_bank_entries, clock_hz=100_000_000):
+    """A core for simulation: a single chip with a single core, an FPGA-like clock (100 MHz
+    unless given) and a memory that delivers one bus beat per cycle."""
     dma_bus_bytes = 8
-    clock_hz = 100_000_000
     return dict(
         pe_rows=n, pe_cols=n, dtypes=("int8",), pe_macs_per_cycle=(), acc_bits=32,
         moving_max=psum_bank_entries,
@@ -513,13 +512,15 @@ PRESETS = {
     "tiny": {**_simulation_core(4, sbuf_kib=4, psum_banks=4, psum_bank_entries=16),
              "dtypes": ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")},
     "small": _simulation_core(8, sbuf_kib=8, psum_banks=4, psum_bank_entries=32),
-    # An 8x8 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
-    # block RAM): 64 int8 multipliers, SBUF 8 x 16 KiB = 64 block RAMs, PSUM 8 x 4 x 64 x 32
-    # bit; its HBM is on-chip block RAM of the board top (docs/fpga.md), 128 KiB = 64 more.
-    # A register after each PE multiplier, one in front of the array, one before each
-    # activation lane's multiplier and one at each SBUF partition's inputs: the 100 MHz of
-    # the ECPIX-5 board (docs/fpga.md).
-    "fpga": {**_simulation_core(8, sbuf_kib=16, psum_banks=4, psum_bank_entries=64),
+    # A 4x4 array for an ECP5-85F class FPGA (84k LUTs, 156 18x18 multipliers, 208 x 18 kbit
+    # block RAM), the largest whose board top routes there (an 8x8 fits but does not route:
+    # docs/fpga.md): SBUF 4 x 16 KiB = 32 block RAMs, PSUM 4 x 4 x 64 x 32 bit; its HBM is
+    # on-chip block RAM of the board top, 128 KiB = 64 more. A register after each PE
+    # multiplier, one in front of the array, one before each activation lane's multiplier
+    # and one at each SBUF partition's inputs; the clock one the board top meets from the
+    # ECPIX-5's PLL (docs/fpga.md, "Results").
+    "fpga": {**_simulation_core(4, sbuf_kib=16, psum_banks=4, psum_bank_entries=64,
+                                clock_hz=80_000_000),
              "hbm_bytes": 128 * _KiB, "pe_multiply_stages": 1, "pe_input_stages": 1,
              "activation_input_stages": 1, "sbuf_input_stages": 1},
     # The formats of the published throughput figures (the reference file): BF16 and FP8 on
