@@ -185,3 +185,36 @@ def test_a_router_that_stops_converging_is_stopped_and_its_congestion_shown(
     assert "yosys still running" in err and "synthesising" in err
     heatmaps = sorted(path.name for path in (build / "heatmap").iterdir())
     assert heatmaps == [f"router2_congestion_by_net_{last}.csv"]
+
+
+def test_a_missed_clock_suggests_a_slower_one_the_pll_makes():
+    # 90% of the routed clock, rounded down to a whole MHz the PLL makes from 100 MHz.
+    assert fpga.slower_clock(74.42, 100e6) == 66_000_000
+    assert fpga.slower_clock(62.16, 100e6) == 55_000_000
+    assert fpga.pll_dividers(100e6, 66_000_000)
+    # From a 25 MHz oscillator 6 MHz is 25 * 6 / 25: still exact.
+    assert fpga.slower_clock(7.0, 25e6) == 6_000_000
+    assert fpga.slower_clock(3.0, 100e6) is None        # below the PLL's 3.125 MHz
+
+
+def _missed(bitstream, suggested):
+    return fpga.Result(
+        target="ecpix5-85f", part="LFE5UM5G-85F-8BG554", top="opentrn_board",
+        resources=[{"resource": "LUT4", "used": 1, "available": 2, "percent": 50.0}],
+        clocks=[{"clock": "clk", "target_mhz": 80.0, "achieved_mhz": 73.96, "met": False}],
+        critical_paths=[], fits=True, timing_met=False, bitstream=bitstream,
+        build_dir="b", seconds={}, suggested_clock_hz=suggested)
+
+
+def test_a_board_build_that_misses_its_clock_says_not_to_load_it(tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.setattr(fpga, "build", lambda *args, **kwargs: _missed("b/x.bit", 66_000_000))
+    argv = ["fpga", "--preset", "fpga", "--board", "ecpix5-85f", "--build-dir", str(tmp_path)]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT meet timing" in out
+    assert ("the bitstream clocks the core at 80 MHz, faster than the 73.96 MHz its routing "
+            "allows: do not load it; rebuild at a slower clock, e.g. --set clock_hz=66000000"
+            in out)
+    assert main([*argv, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["suggested_clock_hz"] == 66_000_000

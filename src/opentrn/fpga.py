@@ -126,6 +126,8 @@ class Result:
     bitstream: str | None
     build_dir: str
     seconds: dict            # per step
+    # A board build that misses its clock: a slower one to rebuild at (slower_clock).
+    suggested_clock_hz: int | None = None
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -424,6 +426,25 @@ def pll_dividers(input_hz, output_hz):
                       f"the board's {input_hz / 1e6:g} MHz (pick a rational multiple)")
 
 
+#: How far below a missed build's Fmax :func:`slower_clock` suggests rebuilding: another
+#: placement of the same netlist lands a few percent either way (docs/fpga.md, "Results").
+SLOWER_CLOCK_MARGIN = 0.9
+
+
+def slower_clock(achieved_mhz, board_hz):
+    """The clock (Hz, whole MHz) to rebuild a board top at whose routing reached only
+    ``achieved_mhz``: :data:`SLOWER_CLOCK_MARGIN` of it, rounded down to a clock the
+    board's PLL makes exactly from its ``board_hz`` oscillator; None below the PLL's
+    range."""
+    for mhz in range(int(achieved_mhz * SLOWER_CLOCK_MARGIN), 0, -1):
+        try:
+            pll_dividers(board_hz, mhz * 1_000_000)
+        except ConfigError:
+            continue
+        return mhz * 1_000_000
+    return None
+
+
 class BoardPins(Elaboratable):
     """The board top (:class:`opentrn.hdl.board_top.BoardTop`) on a platform's pins: the
     USB-UART ``uart`` 0 and, where the board has one, the first RGB LED (red: the
@@ -509,8 +530,12 @@ def _board(config, build_dir, *, board, baud, seed, progress):
                                             f"{name}.bit"],
                                 cwd=build_dir, log=build_dir / f"{name}.pack.log",
                                 progress=progress)
-    return _report(build_dir / "report.json", part, name, board, clock_hz,
-                   build_dir / f"{name}.bit", build_dir, seconds)
+    result = _report(build_dir / "report.json", part, name, board, clock_hz,
+                     build_dir / f"{name}.bit", build_dir, seconds)
+    if result.clocks and not result.timing_met:
+        slowest = min(clock["achieved_mhz"] for clock in result.clocks)
+        result.suggested_clock_hz = slower_clock(slowest, platform.default_clk_frequency)
+    return result
 
 
 def build(config, build_dir, *, board="ooc", top="core", baud=DEFAULT_BAUD, seed=1,
