@@ -197,18 +197,15 @@ def test_a_missed_clock_suggests_a_slower_one_the_pll_makes():
     assert fpga.slower_clock(3.0, 100e6) is None        # below the PLL's 3.125 MHz
 
 
-def _missed(bitstream, suggested):
-    return fpga.Result(
+def test_a_board_build_that_misses_its_clock_says_not_to_load_it(tmp_path, capsys,
+                                                                  monkeypatch):
+    missed = fpga.Result(
         target="ecpix5-85f", part="LFE5UM5G-85F-8BG554", top="opentrn_board",
         resources=[{"resource": "LUT4", "used": 1, "available": 2, "percent": 50.0}],
         clocks=[{"clock": "clk", "target_mhz": 80.0, "achieved_mhz": 73.96, "met": False}],
-        critical_paths=[], fits=True, timing_met=False, bitstream=bitstream,
-        build_dir="b", seconds={}, suggested_clock_hz=suggested)
-
-
-def test_a_board_build_that_misses_its_clock_says_not_to_load_it(tmp_path, capsys,
-                                                                  monkeypatch):
-    monkeypatch.setattr(fpga, "build", lambda *args, **kwargs: _missed("b/x.bit", 66_000_000))
+        critical_paths=[], fits=True, timing_met=False, bitstream="b/x.bit",
+        build_dir="b", seconds={}, suggested_clock_hz=66_000_000)
+    monkeypatch.setattr(fpga, "build", lambda *args, **kwargs: missed)
     argv = ["fpga", "--preset", "fpga", "--board", "ecpix5-85f", "--build-dir", str(tmp_path)]
     assert main(argv) == 1
     out = capsys.readouterr().out

@@ -129,6 +129,11 @@ class Result:
     # A board build that misses its clock: a slower one to rebuild at (slower_clock).
     suggested_clock_hz: int | None = None
 
+    @property
+    def achieved_mhz(self):
+        """The slowest clock's routed Fmax (MHz); None without a clock."""
+        return min((clock["achieved_mhz"] for clock in self.clocks), default=None)
+
     def to_dict(self):
         return dataclasses.asdict(self)
 
@@ -533,8 +538,8 @@ def _board(config, build_dir, *, board, baud, seed, progress):
     result = _report(build_dir / "report.json", part, name, board, clock_hz,
                      build_dir / f"{name}.bit", build_dir, seconds)
     if result.clocks and not result.timing_met:
-        slowest = min(clock["achieved_mhz"] for clock in result.clocks)
-        result.suggested_clock_hz = slower_clock(slowest, platform.default_clk_frequency)
+        result.suggested_clock_hz = slower_clock(result.achieved_mhz,
+                                                 platform.default_clk_frequency)
     return result
 
 
