@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 
 from opentrn import isa, numerics, schedule
-from opentrn.golden import psum, tensor_engine
+from opentrn.golden import psum, sbuf, tensor_engine
 from opentrn.hdl.dma import QUEUE_DEPTH as DMA_QUEUE_DEPTH
 from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
 from opentrn.isa import Engine
@@ -104,15 +104,16 @@ MAX_GEMM_STEPS = 2_000_000
 def gemm(config, m, k, n, *, dtype="int8"):
     """The cycles of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``, results in
     int32 or FP32, HBM to HBM) on one core, without building the program, from the kernel's
-    steps (docs/kernels.md, "The schedule"): the larger of their throughput (each step the
+    steps (docs/kernels.md, "The schedule"): the largest of their throughput (each step the
     larger of the tensor engine's time and the DMA's for the descriptors that overlap it,
-    plus the first prefetch and the last step's drain, activations and store) and their
-    latency (the engines in program order with the kernel's waits). Each DMA descriptor
-    costs the words of its slower side, each row's counted from its own address as the
-    DMA walks it; the DMA's reads share the read channel with the instruction fetches, its
-    stores the SBUF's read port with the tensor unit (:func:`_dma_step`). For workloads too
-    large for :func:`predict`; the tests bound its difference from :func:`predict`
-    (docs/performance.md)."""
+    plus the first prefetch and the last step's drain, activations and store), their
+    latency (the engines in program order with the kernel's waits, an idle tensor engine
+    starting with its fill) and the AXI read channel's time (every instruction fetch and
+    HBM read, a beat a cycle). Each DMA descriptor costs the words of its slower side, each
+    row's counted from its own address as the DMA walks it; the DMA's reads share the read
+    channel with the instruction fetches, its stores the SBUF's read port with the tensor
+    unit (:func:`_dma_step`). For workloads too large for :func:`predict`; the tests bound
+    its difference from :func:`predict` (docs/performance.md)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
@@ -165,7 +166,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         * tile_bytes``: one descriptor for the full K tiles, one for a partial last one.
         Each side walks its rows word by word; the slower side sets the pace. Also the
         last descriptor's cycles and the rows it carries (the last ones)."""
-        nonlocal descriptors
+        nonlocal descriptors, read_words
         cost = 0.0
         last = (0.0, 0)
         full, rest = divmod(rows, per_tile)
@@ -178,6 +179,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             sink = (count // tiles) * _rows_words(at + first * tile_bytes, tile_bytes, tiles,
                                                   length, W)
             last = (dma(max(source, sink)), rows - first * per_tile)
+            read_words += source
             cost += last[0]
             descriptors += 1
         return cost, last
@@ -213,7 +215,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             for index, (k0, k1) in enumerate(parts):
                 steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
 
-    dma_bytes = descriptors = 0
+    dma_bytes = descriptors = read_words = 0
     tail = (0.0, 0)             # tile_fetch's last descriptor: (cycles, K tiles it carries)
     dma_busy = 0.0
     tensor = []                 # tensor cycles of each step
@@ -226,6 +228,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     reads_of = {}               # the tensor reads of a step, by what they depend on
     trail = []                  # a rolling refill's last K tile, fetched after the matmuls
     new_moving = []             # whether each step fetches a moving block
+    new_stationary = []         # whether each step fetches stationary tiles
     # For a step that fetches stationary tiles, the last step before it that read their
     # slot; None when there is none or the step's tiles are in a slot already.
     a_waits = []
@@ -236,6 +239,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # descriptor early.
     tails = []
     b_key = None
+    words = [0] * len(Engine)   # instruction words of each stream (END included)
+    epilogue_count, group_fetched = 0, False
+    nops = []                   # whether each step's epilogue starts with a NOP
     for i, (n0, w, chunks, mt, mrows, k0, k1, last) in enumerate(steps):
         descriptors_before = descriptors
         full_rows = rows_in(k0, k1)
@@ -247,6 +253,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         a_waits.append(a_readers[a_current] if a_new else None)
         a_keys[a_current], a_readers[a_current] = a_key, i
         new_moving.append(b_new)
+        new_stationary.append(a_new)
         trail.append(0.0)
         if b_new:                        # the moving block of these K tiles
             if buffers == 1 and b_key is not None:
@@ -263,6 +270,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             m0 = (mt // mb) * mb * P
             cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
+        group_fetched = group_fetched or cost > 0
         fetches.append(cost)
         tails.append(tail if cost and not trail[-1] else (0.0, 0))
         prefetch_descriptors.append(descriptors - descriptors_before)
@@ -292,21 +300,42 @@ def gemm(config, m, k, n, *, dtype="int8"):
             dma_busy += store
             dma_bytes += mrows * w * out
             acts.append(sum(c + activate_overhead(config) for c in chunks))
+            # The first activation waits for its chunk's matmul and for the store two
+            # epilogues back (its staging tile): the kernel builder puts the second wait in
+            # a NOP, unless a matmul of the step waited for a prefetch that the DMA stream
+            # runs after that store, which implies it.
+            nop = epilogue_count >= 2 and not group_fetched
+            epilogue_count, group_fetched = epilogue_count + 1, False
         else:
+            nop = False
             stores.append(0)
             acts.append(0)
+        nops.append(nop)
         # The streams' instruction fetches share the AXI read channel with the DMA's reads:
         # this step's loads, matmuls and activations, and its DMA instructions (two words
         # a descriptor).
-        instructions = ((k1 - k0) * (1 + len(chunks)) + (len(chunks) if last else 0)
-                        + 2 * (descriptors - descriptors_before))
-        fetch_beats.append(instructions * beats_per_word * word_cycles)
+        step_words = (2 * (descriptors - descriptors_before), (k1 - k0) * (1 + len(chunks)),
+                      (len(chunks) if last else 0) + nop)
+        words = [a + b for a, b in zip(words, step_words, strict=True)]
+        fetch_beats.append(sum(step_words) * beats_per_word * word_cycles)
 
     count = len(steps)
     # At start each sequencer fetches two bursts ahead; the first data follows them.
     burst_beats = FETCH_BUFFER_BYTES // W // 2
     start = 2 * len(Engine) * burst_beats * word_cycles + HBM_READ_CYCLES + issue
     drain = tensor_engine.latency(config) + psum.write_cycles(config)   # into the PSUM
+    # From the semaphore of its tiles' descriptor to an idle tensor engine's first vector:
+    # with new stationary tiles the load's handover, then the matmul's (an instruction
+    # later) and its first word from the SBUF, or the load's columns into the array; with
+    # only a new moving block the matmul's handover and first word.
+    reading = sbuf.read_latency(config)
+    fills = (2 + reading,
+             max(1 + issue + 2 + reading, 3 + reading + tensor_engine.load_cycles(config)))
+
+    def fill(i, per_tile):
+        """The part of the fill of step ``i`` (``per_tile`` cycles a K tile) that its
+        per-tile time does not already hold."""
+        return max(0.0, fills[new_stationary[i]] - (per_tile - sum(steps[i][2])))
 
     # Throughput: step i computes while the DMA fetches step i + 1 and stores step i - 1
     # (the DMA engine's time; its reads share the read channel with the instruction
@@ -322,13 +351,29 @@ def gemm(config, m, k, n, *, dtype="int8"):
     first = refills * burst_beats * word_cycles
     fetch_beats[0] = max(0.0, fetch_beats[0] - first)
     throughput = fetches[0] + start + first
+    behind = 0.0        # a rolling refill's DMA time past the step it starts in
+    lengths = []        # each step's cycles
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
         act_side = acts[i - 1] if i else 0
-        compute = max(tensor[i] + (trail[i + 1] if i + 1 < count else 0), act_side)
-        dma_side = _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
-                             tensor_reads[i], floor=compute)
-        throughput += max(compute, dma_side)
+        own = tensor[i]
+        if i == 0 and tails[0][1] < steps[0][6] - steps[0][5]:
+            # The K tiles the first prefetch's last descriptor does not carry go in meanwhile
+            # (the engine idle until the first of them is in: it starts with the fill).
+            per_tile = tensor[0] / (steps[0][6] - steps[0][5])
+            own = max(tensor[0] - tails[0][0] + fill(0, per_tile), tails[0][1] * per_tile)
+        compute = max(own + (trail[i + 1] if i + 1 < count else 0), act_side)
+        dma_side = behind + _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
+                                      tensor_reads[i], floor=compute)
+        if i + 1 < count and trail[i + 1]:
+            # Each K tile of the refill waits only for this step's matmuls that read it,
+            # and the next step's matmuls only for theirs: the rest of it overlaps them.
+            behind = max(0.0, dma_side - compute)
+            lengths.append(compute)
+        else:
+            behind = 0.0
+            lengths.append(max(compute, dma_side))
+        throughput += lengths[-1]
     throughput += _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
                             activate_overhead(config)) + stores[-1]
 
@@ -341,11 +386,12 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # tile). Short steps with an epilogue each are bound by this chain, not by throughput.
     tensor_end = [0.0] * count
     fetched = [0.0] * count
+    started = [0.0] * count     # when each step's prefetch starts
     moving_users = []           # the steps that fetched a moving block, in order
     epilogues = []              # (each chunk's activation end, store end)
     dma_free = start
 
-    def prefetch(i, after=0.0):
+    def prefetch(i, after=0.0, cycles=None):
         nonlocal dma_free
         ready = max(dma_free, after)
         if a_waits[i] is not None:
@@ -354,21 +400,35 @@ def gemm(config, m, k, n, *, dtype="int8"):
             if len(moving_users) >= 2:
                 ready = max(ready, tensor_end[moving_users[-2]])
             moving_users.append(i)
-        dma_free = fetched[i] = ready + fetches[i]
+        started[i] = ready
+        dma_free = fetched[i] = ready + (fetches[i] if cycles is None else cycles)
 
     prefetch(0)
     tensor_free = act_free = 0.0
     for i in range(count):
         refill = i + 1 < count and trail[i + 1] > 0
         if i + 1 < count and not refill:
-            prefetch(i + 1)
+            # Its reads share the read channel with the step's instruction fetches, spread
+            # over the step (as long as the one before it, or as throughput allows).
+            window = max(lengths[i], tensor_end[i - 1] - tensor_end[i - 2] if i >= 2 else 0)
+            prefetch(i + 1, cycles=fetches[i + 1] * window
+                     / (window - (fetch_beats[i] if fetches[i + 1] else 0)))
         chunks, k0, k1, last = steps[i][2], steps[i][5], steps[i][6], steps[i][7]
         # A K tile's time shared among its chunks' matmuls in proportion to their columns.
         per_tile = tensor[i] / (k1 - k0)
         share = [per_tile * columns / sum(chunks) for columns in chunks]
         last_cycles, last_tiles = tails[i]
-        early = k1 - k0 - last_tiles       # K tiles ready before the last descriptor ends
-        t = max(tensor_free, fetched[i] - (last_cycles if early > 0 else 0))
+        # The `early` K tiles that the last descriptor does not carry start when their
+        # own are done (a step with no descriptors waits for none); with a refill, K tile
+        # j's matmuls wait for its j-th descriptor, the last K tile's for the last.
+        if trail[i]:
+            early, ready = k1 - k0 - 1, started[i] + trail[i]
+        else:
+            early = k1 - k0 - last_tiles if fetches[i] else 0
+            ready = fetched[i] - (last_cycles if early > 0 else 0)
+        # An engine waiting for its tiles starts with the fill.
+        t = max(tensor_free, ready + fill(i, per_tile)) if fetches[i] else tensor_free
+        began = t
         for c, columns in enumerate(share):
             if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
                 t = max(t, epilogues[-2][0][c])
@@ -378,18 +438,33 @@ def gemm(config, m, k, n, *, dtype="int8"):
         else:
             t += tensor[i] - per_tile
         tensor_free = tensor_end[i] = t
-        if refill:              # all but its last K tile overlap the matmuls before it
-            prefetch(i + 1, after=tensor_end[i] - fetches[i + 1] + trail[i + 1])
+        if refill:
+            # K tile j's descriptor waits for the matmuls of this step that read K tile j
+            # of the slot: it starts after the first K tile's, at the read channel's pace
+            # (shared with the step's instruction fetches and its own), its last after the
+            # last matmul.
+            refill_fetches = 2 * prefetch_descriptors[i + 1] * beats_per_word * word_cycles
+            span = _dma_step(fetches[i + 1], fetch_beats[i] + refill_fetches, 0, 0)
+            prefetch(i + 1, after=max(began + per_tile, tensor_end[i] + trail[i + 1] - span),
+                     cycles=span)
         if last:
             if len(epilogues) >= 2:
-                act_free = max(act_free, epilogues[-2][1])
+                # Through the NOP, if any: its wait, then the activation's issue.
+                act_free = max(act_free, epilogues[-2][1] + (1 + issue if nops[i] else 0))
             ends = _activations(chunks, per_tile, act_free - tensor_end[i], drain,
                                 activate_overhead(config))
             ends = [tensor_end[i] + end for end in ends]
             act_free = ends[-1]
             dma_free = max(dma_free, act_free) + stores[i]
             epilogues.append((ends, dma_free))
-    total = max(throughput, dma_free)
+    # The read channel, one beat a cycle: the streams' fetches (whole bursts, each stream's
+    # END and the bursts its sequencer fetches ahead of it) and the DMA's reads; after the
+    # last, the last step's drain, activations and store.
+    channel = HBM_READ_CYCLES + issue + word_cycles * (read_words + sum(
+        (-(-(n + 1) * beats_per_word // burst_beats) + 1) * burst_beats for n in words))
+    channel += _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
+                         activate_overhead(config)) + stores[-1]
+    total = max(throughput, dma_free, channel)
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
     # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
     return Estimate(m=m, k=k, n=n, dtype=dtype, cycles=round(total), tensor_busy=vectors,
