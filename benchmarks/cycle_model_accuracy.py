@@ -9,12 +9,14 @@
    and log-uniform ones); and ``--trainium-shapes`` random shapes per format on ``trn3``
    with the one DMA engine the RTL builds. Beside them, what ``opentrn project`` reports
    for one core (the exact model's cycles where it follows the configuration and the kernel
-   is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``).
+   is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``). ``--full-size 4096``:
+   the same at S^3 on that ``trn3`` in BF16, FP8 and MXFP8 (minutes each: the program is
+   built and the exact model runs every cycle).
 3. Speed: ``predict``'s cycles per second; the fast path on an 8192^3 GEMM of a ``trn3``
    core; a sweep of 1,000 configurations.
 
     python benchmarks/cycle_model_accuracy.py [--presets tiny,small] [--random 40]
-        [--shapes 300] [--trainium-shapes 0] [--skip-rtl] [--json]
+        [--shapes 300] [--trainium-shapes 0] [--full-size S[,S...]] [--skip-rtl] [--json]
 
 Markdown tables on stdout (docs/performance.md), progress on stderr.
 """
@@ -163,6 +165,29 @@ def trainium_accuracy(count):
     return rows
 
 
+def full_size_accuracy(sizes):
+    """The fast path against predict() on S^3 GEMMs on ``trn3`` with one DMA engine, with
+    the time to build each program and to run the exact model on it."""
+    cfg = config.resolve("trn3", overrides=["dma_engines=1"])
+    rows = []
+    for size in sizes:
+        for dtype in ("bf16", "fp8e4m3", "mxfp8e4m3"):
+            started = time.perf_counter()
+            program = gemm_program(cfg, (size, size, size), dtype, np.random.default_rng(1))
+            built = time.perf_counter()
+            exact = cycle_model.predict(program)["cycles"]
+            predicted = time.perf_counter()
+            fast = cycle_model.gemm(cfg, size, size, size, dtype=dtype).cycles
+            rows.append({"preset": "trn3, dma_engines=1", "format": dtype,
+                         "gemm": f"{size}^3", "model_cycles": exact, "fast_cycles": fast,
+                         "error": f"{100 * (fast - exact) / exact:+.2f}%",
+                         "build_s": round(built - started, 1),
+                         "predict_s": round(predicted - built, 1),
+                         "model_cycles_per_s": round(exact / (predicted - built))})
+            log(f"full size {size}^3 {dtype}: {rows[-1]['error']}")
+    return rows
+
+
 def fast_path_summary(rows):
     """Per preset and format: the fast path's largest difference from predict() on the
     shapes of at least 5,000 cycles and on the shorter ones, and how many exceed the bounds
@@ -226,6 +251,8 @@ def main():
                         help="random GEMM shapes per preset and format for the fast path")
     parser.add_argument("--trainium-shapes", type=int, default=0,
                         help="random GEMM shapes per format on trn3 with one DMA engine")
+    parser.add_argument("--full-size", default="",
+                        help="comma-separated S: S^3 GEMMs on trn3 with one DMA engine")
     parser.add_argument("--skip-rtl", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -252,6 +279,9 @@ def main():
     result["fast_path"] = (fast_path_accuracy(presets, args.shapes)
                            + trainium_accuracy(args.trainium_shapes))
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
+    if args.full_size:
+        result["full_size"] = full_size_accuracy(
+            [int(size) for size in args.full_size.split(",")])
     result["speed"] = speed()
     if args.json:
         print(json.dumps(result, indent=2))
@@ -269,6 +299,9 @@ def main():
                    / r["model_cycles"])
     print(table(worst[:20]))
     print()
+    if "full_size" in result:
+        print(table(result["full_size"]))
+        print()
     print(table([result["speed"]]))
 
 
