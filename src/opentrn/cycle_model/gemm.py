@@ -403,7 +403,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         started[i] = ready
         dma_free = fetched[i] = ready + (fetches[i] if cycles is None else cycles)
 
-    prefetch(0)
+    prefetch(0, cycles=fetches[0] + first)   # sharing the channel with the stream's refills
     tensor_free = act_free = 0.0
     for i in range(count):
         refill = i + 1 < count and trail[i + 1] > 0
