@@ -322,7 +322,7 @@ def fast_path_bound(cycles):
 def exact_and_fast(cfg, shape, dtype, rng):
     """predict()'s counters of the library GEMM of ``shape`` (random inputs from ``rng``)
     and the fast path's estimate of it."""
-    program, _ = kernels.random_gemm(cfg, rng, *shape, dtype)
+    program = kernels.random_gemm(cfg, rng, *shape, dtype)
     return cycle_model.predict(program), cycle_model.gemm(cfg, *shape, dtype=dtype)
 
 

@@ -238,7 +238,7 @@ def _core_gemm(config, m, k, n, dtype, model="auto"):
 
     from opentrn import kernels
     # The model moves no data: any inputs time the same.
-    program, _ = kernels.random_gemm(config, np.random.default_rng(0), m, k, n, dtype)
+    program = kernels.random_gemm(config, np.random.default_rng(0), m, k, n, dtype)
     counters = cycle_model.predict(program)
     return replace(fast, cycles=counters["cycles"], tensor_busy=counters["tensor_busy"],
                    dma_busy=counters["dma_busy"],
