@@ -374,8 +374,10 @@ def gemm(config, m, k, n, *, dtype="int8"):
             behind = 0.0
             lengths.append(max(compute, dma_side))
         throughput += lengths[-1]
-    throughput += _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
-                            activate_overhead(config)) + stores[-1]
+    # After the last matmul: its drain, the last activations and the last store.
+    finish = _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
+                       activate_overhead(config)) + stores[-1]
+    throughput += finish
 
     # Latency: the engines in program order with the waits the kernel places (docs/kernels.md,
     # "The schedule"). The DMA stream prefetches step i + 1, then stores step i; a prefetch
@@ -462,8 +464,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # last, the last step's drain, activations and store.
     channel = HBM_READ_CYCLES + issue + word_cycles * (read_words + sum(
         (-(-(n + 1) * beats_per_word // burst_beats) + 1) * burst_beats for n in words))
-    channel += _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
-                         activate_overhead(config)) + stores[-1]
+    channel += finish
     total = max(throughput, dma_free, channel)
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
     # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
