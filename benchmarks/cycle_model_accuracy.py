@@ -242,6 +242,18 @@ def table(rows):
     return markdown_table(rows, list(rows[0]))
 
 
+def sizes(text):
+    """``--full-size``: comma-separated positive integers, checked before anything runs."""
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--full-size={text!r}: must be comma-separated positive integers (S of S^3)")
+    return values
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="tiny,small")
@@ -251,7 +263,7 @@ def main():
                         help="random GEMM shapes per preset and format for the fast path")
     parser.add_argument("--trainium-shapes", type=int, default=0,
                         help="random GEMM shapes per format on trn3 with one DMA engine")
-    parser.add_argument("--full-size", default="",
+    parser.add_argument("--full-size", type=sizes, default=[],
                         help="comma-separated S: S^3 GEMMs on trn3 with one DMA engine")
     parser.add_argument("--skip-rtl", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -280,8 +292,7 @@ def main():
                            + trainium_accuracy(args.trainium_shapes))
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
     if args.full_size:
-        result["full_size"] = full_size_accuracy(
-            [int(size) for size in args.full_size.split(",")])
+        result["full_size"] = full_size_accuracy(args.full_size)
     result["speed"] = speed()
     if args.json:
         print(json.dumps(result, indent=2))
