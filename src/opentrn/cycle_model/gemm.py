@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from opentrn import isa, numerics, schedule
 from opentrn.golden import psum, sbuf, tensor_engine
+from opentrn.hdl.dma import MAX_BURST as DMA_MAX_BURST
+from opentrn.hdl.dma import MAX_OUTSTANDING as DMA_MAX_OUTSTANDING
 from opentrn.hdl.dma import QUEUE_DEPTH as DMA_QUEUE_DEPTH
 from opentrn.hdl.sequencer import FETCH_BUFFER_BYTES
 from opentrn.isa import Engine
@@ -166,7 +168,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
         * tile_bytes``: one descriptor for the full K tiles, one for a partial last one.
         Each side walks its rows word by word; the slower side sets the pace. Also the
         last descriptor's cycles and the rows it carries (the last ones)."""
-        nonlocal descriptors, read_words
+        nonlocal descriptors, read_words, first_bursts
         cost = 0.0
         last = (0.0, 0)
         full, rest = divmod(rows, per_tile)
@@ -179,6 +181,8 @@ def gemm(config, m, k, n, *, dtype="int8"):
             sink = (count // tiles) * _rows_words(at + first * tile_bytes, tile_bytes, tiles,
                                                   length, W)
             last = (dma(max(source, sink)), rows - first * per_tile)
+            if not descriptors:         # the first one's HBM reads: a burst a row or more
+                first_bursts = count * -(-_words(0, length, W) // DMA_MAX_BURST)
             read_words += source
             cost += last[0]
             descriptors += 1
@@ -215,7 +219,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
             for index, (k0, k1) in enumerate(parts):
                 steps.append((n0, w, chunks, mt, mrows, k0, k1, index == len(parts) - 1))
 
-    dma_bytes = descriptors = read_words = 0
+    dma_bytes = descriptors = read_words = first_bursts = 0
     tail = (0.0, 0)             # tile_fetch's last descriptor: (cycles, K tiles it carries)
     dma_busy = 0.0
     tensor = []                 # tensor cycles of each step
@@ -320,9 +324,12 @@ def gemm(config, m, k, n, *, dtype="int8"):
         fetch_beats.append(sum(step_words) * beats_per_word * word_cycles)
 
     count = len(steps)
-    # At start each sequencer fetches two bursts ahead; the first data follows them.
+    # At start each sequencer fetches two bursts ahead, and the HBM answers in order: the
+    # first descriptor (its instruction in the first burst) has its reads answered after
+    # those bursts, its queueing and the HBM's latency spent meanwhile (the address cycles
+    # of DMA_READ_OVERHEAD).
     burst_beats = FETCH_BUFFER_BYTES // W // 2
-    start = 2 * len(Engine) * burst_beats * word_cycles + HBM_READ_CYCLES + issue
+    start = 2 * len(Engine) * burst_beats * word_cycles
     drain = tensor_engine.latency(config) + psum.write_cycles(config)   # into the PSUM
     # From the semaphore of its tiles' descriptor to an idle tensor engine's first vector:
     # with new stationary tiles the load's handover, then the matmul's (an instruction
@@ -341,15 +348,28 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # (the DMA engine's time; its reads share the read channel with the instruction
     # fetches, its stores go out on the write channel), and the activation engine drains
     # step i - 1.
-    # The first prefetch shares the read channel with the DMA stream's own fetches: a
-    # burst each time the DMA sequencer has handed over half a buffer of descriptors (the
-    # first prefetch's and the next one's, as many as the DMA engine runs and queues).
-    handed = min(sum(prefetch_descriptors[:2]), 1 + DMA_QUEUE_DEPTH)
-    dma_stream = (2 * descriptors + 1) * isa.WORD_BYTES
-    refills = min(handed * 2 * isa.WORD_BYTES // (FETCH_BUFFER_BYTES // 2),
-                  max(0, -(-dma_stream // (FETCH_BUFFER_BYTES // 2)) - 2))
-    first = refills * burst_beats * word_cycles
-    fetch_beats[0] = max(0.0, fetch_beats[0] - first)
+    # The first prefetch shares the read channel with the DMA stream's own fetches, a burst
+    # each time the DMA sequencer has taken half a buffer of instructions. Before the first
+    # data comes back it takes those of its first bursts: the first prefetch's descriptors
+    # and the next one's, as many as the DMA engine runs and queues, and the one after them
+    # (which then waits). Their refills go out behind the first descriptor's reads in
+    # flight (DMA_MAX_OUTSTANDING bursts): within it if it has more, else between it and the
+    # second descriptor, whose overhead they hide. Later refills (as the instructions they
+    # bring are taken) fall between later descriptors of the prefetch.
+    half = FETCH_BUFFER_BYTES // 2
+    queued = min(prefetch_descriptors[1] if count > 1 else 0, DMA_QUEUE_DEPTH)
+    early = min(2 * (min(prefetch_descriptors[0] + queued, 1 + DMA_QUEUE_DEPTH) + 1)
+                * isa.WORD_BYTES, FETCH_BUFFER_BYTES) // half
+    later = min(2 * (prefetch_descriptors[0] + queued + 1) * isa.WORD_BYTES // half - early,
+                max(0, prefetch_descriptors[0] - 2))
+    burst = burst_beats * word_cycles
+    if first_bursts > DMA_MAX_OUTSTANDING or prefetch_descriptors[0] > 1:
+        fetch_beats[0] = max(0.0, fetch_beats[0] - (early + later) * burst)
+        first = early * burst + later * max(0.0, burst - DMA_READ_OVERHEAD)
+        if first_bursts <= DMA_MAX_OUTSTANDING:
+            first = max(0.0, first - DMA_READ_OVERHEAD)
+    else:
+        first = 0.0         # after the first prefetch's reads: the step's to share
     throughput = fetches[0] + start + first
     behind = 0.0        # a rolling refill's DMA time past the step it starts in
     lengths = []        # each step's cycles
