@@ -7,7 +7,9 @@
    benchmark's shapes, then ``--shapes`` seeded random shapes per preset and format (K = 1,
    K much larger than M and N, sizes just past a tile, a PSUM bank or the SBUF's K tiles,
    and log-uniform ones); and ``--trainium-shapes`` random shapes per format on ``trn3``
-   with the one DMA engine the RTL builds. Beside them, what ``opentrn project`` reports
+   with the one DMA engine the RTL builds; ``--bus-widths 4,16,32,64``: ``--shapes`` random
+   int8 shapes on ``tiny`` with each of those buses (and an HBM that does not limit it, so
+   that the exact model follows the configuration). Beside them, what ``opentrn project`` reports
    for one core (the exact model's cycles where it follows the configuration and the kernel
    is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``). ``--full-size 4096``:
    the same at S^3 on that ``trn3`` in BF16, FP8 and MXFP8 (minutes each: the program is
@@ -16,7 +18,8 @@
    core; a sweep of 1,000 configurations.
 
     python benchmarks/cycle_model_accuracy.py [--presets tiny,small] [--random 40]
-        [--shapes 300] [--trainium-shapes 0] [--full-size S[,S...]] [--skip-rtl] [--json]
+        [--shapes 300] [--trainium-shapes 0] [--bus-widths W[,W...]] [--full-size S[,S...]]
+        [--skip-rtl] [--json]
 
 Markdown tables on stdout (docs/performance.md), progress on stderr.
 """
@@ -165,6 +168,28 @@ def trainium_accuracy(count):
     return rows
 
 
+def bus_width_config(width):
+    """``tiny`` with a ``width``-byte bus and an HBM as fast as it (the core's DMA moves a bus
+    word a cycle, as the RTL and the exact model do)."""
+    cfg = config.preset("tiny")
+    return cfg.replace(dma_bus_bytes=width,
+                       hbm_bytes_per_s=float(width * cfg.clock_hz * cfg.cores_per_chip))
+
+
+def bus_width_accuracy(widths, count):
+    """The fast path against predict() on ``count`` random int8 shapes of ``tiny`` with each
+    bus width of ``widths``."""
+    rows = []
+    for width in widths:
+        cfg = bus_width_config(width)
+        rng = np.random.default_rng(13)
+        label = f"tiny, dma_bus_bytes={width}"
+        rows += [compare(cfg, label, "int8", shape, "random", rng)
+                 for shape in random_shapes(cfg, "int8", count, rng)]
+        log(f"fast path {label}: {count} shapes")
+    return rows
+
+
 def full_size_accuracy(sizes):
     """The fast path against predict() on S^3 GEMMs on ``trn3`` with one DMA engine, with
     the time to build each program and to run the exact model on it."""
@@ -254,6 +279,22 @@ def sizes(text):
     return values
 
 
+def widths(text):
+    """``--bus-widths``: comma-separated bus widths that ``tiny`` takes, checked before
+    anything runs."""
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--bus-widths={text!r}: must be comma-separated bus widths in bytes") from None
+    for value in values:
+        try:
+            bus_width_config(value)
+        except config.ConfigError as error:
+            raise argparse.ArgumentTypeError(f"--bus-widths={text!r}: {error}") from None
+    return values
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="tiny,small")
@@ -263,6 +304,8 @@ def main():
                         help="random GEMM shapes per preset and format for the fast path")
     parser.add_argument("--trainium-shapes", type=int, default=0,
                         help="random GEMM shapes per format on trn3 with one DMA engine")
+    parser.add_argument("--bus-widths", type=widths, default=[],
+                        help="comma-separated bus widths: random int8 shapes on tiny with each")
     parser.add_argument("--full-size", type=sizes, default=[],
                         help="comma-separated S: S^3 GEMMs on trn3 with one DMA engine")
     parser.add_argument("--skip-rtl", action="store_true")
@@ -289,7 +332,8 @@ def main():
                     for f in (min, max))),
             })
     result["fast_path"] = (fast_path_accuracy(presets, args.shapes)
-                           + trainium_accuracy(args.trainium_shapes))
+                           + trainium_accuracy(args.trainium_shapes)
+                           + bus_width_accuracy(args.bus_widths, args.shapes))
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
     if args.full_size:
         result["full_size"] = full_size_accuracy(args.full_size)

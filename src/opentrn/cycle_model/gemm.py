@@ -353,9 +353,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
     # data comes back it takes those of its first bursts: the first prefetch's descriptors
     # and the next one's, as many as the DMA engine runs and queues, and the one after them
     # (which then waits). Their refills go out behind the first descriptor's reads in
-    # flight (DMA_MAX_OUTSTANDING bursts): within it if it has more, else between it and the
-    # second descriptor, whose overhead they hide. Later refills (as the instructions they
-    # bring are taken) fall between later descriptors of the prefetch.
+    # flight (DMA_MAX_OUTSTANDING bursts): within it if it has more, or if its reads (a
+    # cycle apart, from four cycles after its hand-over) still go out when the first
+    # refill's does (after the second descriptor's hand-over, its words one beat a cycle);
+    # else between it and the second descriptor, whose overhead they hide. Later refills
+    # (as the instructions they bring are taken) fall between later descriptors of it.
     half = FETCH_BUFFER_BYTES // 2
     queued = min(prefetch_descriptors[1] if count > 1 else 0, DMA_QUEUE_DEPTH)
     early = min(2 * (min(prefetch_descriptors[0] + queued, 1 + DMA_QUEUE_DEPTH) + 1)
@@ -363,10 +365,12 @@ def gemm(config, m, k, n, *, dtype="int8"):
     later = min(2 * (prefetch_descriptors[0] + queued + 1) * isa.WORD_BYTES // half - early,
                 max(0, prefetch_descriptors[0] - 2))
     burst = burst_beats * word_cycles
-    if first_bursts > DMA_MAX_OUTSTANDING or prefetch_descriptors[0] > 1:
+    within = (first_bursts > DMA_MAX_OUTSTANDING
+              or 2 * beats_per_word * word_cycles <= first_bursts)
+    if within or prefetch_descriptors[0] > 1:
         fetch_beats[0] = max(0.0, fetch_beats[0] - (early + later) * burst)
         first = early * burst + later * max(0.0, burst - DMA_READ_OVERHEAD)
-        if first_bursts <= DMA_MAX_OUTSTANDING:
+        if not within:
             first = max(0.0, first - DMA_READ_OVERHEAD)
     else:
         first = 0.0         # after the first prefetch's reads: the step's to share
