@@ -9,8 +9,8 @@
    and log-uniform ones); and ``--trainium-shapes`` random shapes per format on ``trn3``
    with the one DMA engine the RTL builds; ``--bus-widths 4,16,32,64``: ``--shapes`` random
    int8 shapes on ``tiny`` with each of those buses (and an HBM that does not limit it, so
-   that the exact model follows the configuration). Beside them, what ``opentrn project`` reports
-   for one core (the exact model's cycles where it follows the configuration and the kernel
+   that the exact model follows the configuration). Beside them, what ``opentrn project``
+   reports for one core (the exact model's cycles where it follows the configuration and the kernel
    is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``). ``--full-size 4096``:
    the same at S^3 on that ``trn3`` in BF16, FP8 and MXFP8 (minutes each: the program is
    built and the exact model runs every cycle).
