@@ -13,13 +13,14 @@
    reports for one core (the exact model's cycles where it follows the configuration and the kernel
    is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``). ``--full-size 4096``:
    the same at S^3 on that ``trn3`` in BF16, FP8 and MXFP8 (minutes each: the program is
-   built and the exact model runs every cycle).
+   built and the exact model runs every cycle). ``--one-slot``: the same on a few ``trn3``
+   GEMMs whose blocks keep one moving slot, refilled a K tile at a time (a minute).
 3. Speed: ``predict``'s cycles per second; the fast path on an 8192^3 GEMM of a ``trn3``
    core; a sweep of 1,000 configurations.
 
     python benchmarks/cycle_model_accuracy.py [--presets tiny,small] [--random 40]
         [--shapes 300] [--trainium-shapes 0] [--bus-widths W[,W...]] [--full-size S[,S...]]
-        [--skip-rtl] [--json]
+        [--one-slot] [--skip-rtl] [--json]
 
 Markdown tables on stdout (docs/performance.md), progress on stderr.
 """
@@ -32,7 +33,7 @@ import time
 
 import numpy as np
 
-from opentrn import config, cycle_model, kernels, numerics, projection
+from opentrn import config, cycle_model, kernels, numerics, projection, schedule
 from opentrn.cycle_model import COUNTERS
 from opentrn.report import markdown_table
 
@@ -165,6 +166,33 @@ def trainium_accuracy(count):
             shape = (spread(64, 2048), k, spread(64, 2048))
             rows.append(compare(cfg, "trn3, dma_engines=1", dtype, shape, "random", rng))
         log(f"fast path trn3 (one DMA engine) {dtype}: {count} shapes")
+    return rows
+
+
+#: GEMMs on ``trn3`` with one DMA engine whose blocks keep one moving slot, refilled a K
+#: tile at a time (``--one-slot``): K of 8192 and more, which the random ``--trainium-shapes``
+#: (K up to 2048) never reach.
+ONE_SLOT_SHAPES = [("bf16", (256, 8192, 4096)), ("bf16", (384, 8192, 3072)),
+                   ("mxfp8e4m3", (256, 16384, 4096))]
+
+
+def one_slot_accuracy():
+    """The fast path against predict() on :data:`ONE_SLOT_SHAPES` (about 20 s each)."""
+    cfg = config.resolve("trn3", overrides=["dma_engines=1"])
+    rng = np.random.default_rng(17)
+    rows = []
+    for dtype, shape in ONE_SLOT_SHAPES:
+        fmt = numerics.data_format(dtype)
+        m, k, n = shape
+        buffers = schedule.schedule_shape(
+            cfg, columns=n, k_tiles=-(-k // cfg.macs_per_pe_cycle(dtype) // cfg.pe_rows),
+            m_tiles=-(-m // cfg.pe_cols), moving_from_hbm=True, staging_out=4, fixed_bytes=0,
+            resident_tiles=0, element=numerics.column_bytes(cfg, dtype), mx=fmt.mx)[3]
+        if buffers != 1:
+            raise SystemExit(f"{dtype} {shape}: {buffers} moving slots, not one; "
+                             "ONE_SLOT_SHAPES no longer tests a refill")
+        rows.append(compare(cfg, "trn3, dma_engines=1", dtype, shape, "one slot", rng))
+        log(f"one slot {dtype} {'x'.join(map(str, shape))}: {rows[-1]['error']}")
     return rows
 
 
@@ -308,6 +336,8 @@ def main():
                         help="comma-separated bus widths: random int8 shapes on tiny with each")
     parser.add_argument("--full-size", type=sizes, default=[],
                         help="comma-separated S: S^3 GEMMs on trn3 with one DMA engine")
+    parser.add_argument("--one-slot", action="store_true",
+                        help="trn3 GEMMs with one moving slot, refilled a K tile at a time")
     parser.add_argument("--skip-rtl", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -337,6 +367,8 @@ def main():
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
     if args.full_size:
         result["full_size"] = full_size_accuracy(args.full_size)
+    if args.one_slot:
+        result["one_slot"] = one_slot_accuracy()
     result["speed"] = speed()
     if args.json:
         print(json.dumps(result, indent=2))
@@ -354,9 +386,10 @@ def main():
                    / r["model_cycles"])
     print(table(worst[:20]))
     print()
-    if "full_size" in result:
-        print(table(result["full_size"]))
-        print()
+    for key in ("full_size", "one_slot"):
+        if key in result:
+            print(table(result[key]))
+            print()
     print(table([result["speed"]]))
 
 

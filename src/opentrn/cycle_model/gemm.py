@@ -55,27 +55,29 @@ def _cached_rows_words(start, pitch, rows, length, width):
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0):
+def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0, overhead=0.0):
     """Cycles of a step's DMA work: reads for ``reads`` cycles, sharing the AXI read channel
     with ``fetches`` cycles of instruction fetches (the HBM answers bursts in order), then
     writes for ``writes`` cycles, sharing the SBUF's read port with ``tensor_reads`` words
-    of the tensor unit's column readers. With the others' cycles spread over a step of ``T``
-    cycles, a phase of ``x`` cycles that shares with ``y`` takes ``x T / (T - y)``; ``T`` is
-    the root of ``T = reads T / (T - fetches) + writes T / (T - tensor_reads)`` between
-    ``reads + writes`` and ``reads + writes + fetches + tensor_reads`` (bisection to a
-    thousandth of a cycle; the upper end when it is at most ``floor``, the step's other
-    work, which then sets its length). Steps repeat: the answers are kept."""
+    of the tensor unit's column readers, and ``overhead`` cycles that use neither (the
+    descriptors' start-up, where :func:`gemm` counts it apart). With the others' cycles
+    spread over a step of ``T`` cycles, a phase of ``x`` cycles that shares with ``y`` takes
+    ``x T / (T - y)``; ``T`` is the root of ``T = overhead + reads T / (T - fetches) +
+    writes T / (T - tensor_reads)`` between ``overhead + reads + writes`` and that plus
+    ``fetches + tensor_reads`` (bisection to a thousandth of a cycle; the upper end when it
+    is at most ``floor``, the step's other work, which then sets its length). Steps repeat:
+    the answers are kept."""
     if not fetches or not reads:
         fetches = 0
     if not tensor_reads or not writes:
         tensor_reads = 0
-    low = max(reads + writes, fetches, tensor_reads)
-    high = reads + writes + fetches + tensor_reads
+    low = max(overhead + reads + writes, fetches, tensor_reads)
+    high = overhead + reads + writes + fetches + tensor_reads
     if not (fetches or tensor_reads) or high <= floor:
         return high
     while high - low > 1e-3:
         middle = (low + high) / 2
-        taken = (reads * middle / (middle - fetches) if reads else 0) \
+        taken = overhead + (reads * middle / (middle - fetches) if reads else 0) \
             + (writes * middle / (middle - tensor_reads) if writes else 0)
         low, high = (middle, high) if taken > middle else (low, middle)
     return high
@@ -375,7 +377,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     else:
         first = 0.0         # after the first prefetch's reads: the step's to share
     throughput = fetches[0] + start + first
-    behind = 0.0        # a rolling refill's DMA time past the step it starts in
+    behind = 0.0        # a rolling refill's DMA cycles past the step it starts in
     lengths = []        # each step's cycles
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
@@ -387,12 +389,23 @@ def gemm(config, m, k, n, *, dtype="int8"):
             per_tile = tensor[0] / (steps[0][6] - steps[0][5])
             own = max(tensor[0] - tails[0][0] + fill(0, per_tile), tails[0][1] * per_tile)
         compute = max(own + (trail[i + 1] if i + 1 < count else 0), act_side)
-        dma_side = behind + _dma_step(ahead, fetch_beats[i], stores[i - 1] if i else 0,
-                                      tensor_reads[i], floor=compute)
-        if i + 1 < count and trail[i + 1]:
+        refill = i + 1 < count and trail[i + 1]
+        store = stores[i - 1] if i else 0
+        if refill or behind:
+            # A refill's descriptors carry a K tile each: their start-up is a large part of
+            # them and leaves the read channel to the instruction fetches. What it has not
+            # done by the step's end shares the next step's channel in turn, as reads.
+            overhead = DMA_READ_OVERHEAD * prefetch_descriptors[i + 1] if ahead else 0.0
+            reads = ahead - overhead + behind
+            dma_side = _dma_step(reads, fetch_beats[i], store, tensor_reads[i],
+                                 floor=compute, overhead=overhead)
+        else:
+            dma_side = _dma_step(ahead, fetch_beats[i], store, tensor_reads[i],
+                                 floor=compute)
+        if refill:
             # Each K tile of the refill waits only for this step's matmuls that read it,
             # and the next step's matmuls only for theirs: the rest of it overlaps them.
-            behind = max(0.0, dma_side - compute)
+            behind = (reads + overhead) * max(0.0, dma_side - compute) / dma_side
             lengths.append(compute)
         else:
             behind = 0.0
