@@ -182,12 +182,7 @@ def one_slot_accuracy():
     rng = np.random.default_rng(17)
     rows = []
     for dtype, shape in ONE_SLOT_SHAPES:
-        fmt = numerics.data_format(dtype)
-        m, k, n = shape
-        buffers = schedule.schedule_shape(
-            cfg, columns=n, k_tiles=-(-k // cfg.macs_per_pe_cycle(dtype) // cfg.pe_rows),
-            m_tiles=-(-m // cfg.pe_cols), moving_from_hbm=True, staging_out=4, fixed_bytes=0,
-            resident_tiles=0, element=numerics.column_bytes(cfg, dtype), mx=fmt.mx)[3]
+        buffers = schedule.gemm_tiling(cfg, *shape, dtype)[3]
         if buffers != 1:
             raise SystemExit(f"{dtype} {shape}: {buffers} moving slots, not one; "
                              "ONE_SLOT_SHAPES no longer tests a refill")

@@ -28,14 +28,7 @@ from opentrn.report import markdown_table
 def row(cfg, preset, dtype, size):
     m = k = n = size
     fmt = numerics.data_format(dtype)
-    rate = cfg.macs_per_pe_cycle(dtype)
-    element = numerics.column_bytes(cfg, dtype)
-    k_rows = -(-k // rate)
-    tiling = schedule.schedule_shape(
-        cfg, columns=n, k_tiles=-(-k_rows // cfg.pe_rows), m_tiles=-(-m // cfg.pe_cols),
-        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0,
-        element=element, mx=fmt.mx)
-    width, kts, m_block, slots = tiling
+    width, kts, m_block, slots = schedule.gemm_tiling(cfg, m, k, n, dtype)
     est = cycle_model.gemm(cfg, m, k, n, dtype=dtype)
     # Bytes per input element, with an MX format's one scale byte per block of 32.
     per_element = fmt.bytes

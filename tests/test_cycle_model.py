@@ -6,14 +6,13 @@ the CLI's demo are compared there (the same equality)."""
 import numpy as np
 import pytest
 
-from opentrn import config, cycle_model, kernels, numerics, projection
+from opentrn import config, cycle_model, kernels, numerics, projection, schedule
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import FORMAT_DTYPES, Kernel
 from opentrn.sim.core import run_images, run_programs
 
 from .conftest import SIM_BUILDS, require_simulator
-from .test_kernel import gemm_tiling
 
 #: The builds of the random-kernel runs: the two simulation presets, and tiny with a 4-byte
 #: bus (four bus beats per instruction word, 4-byte SBUF words: an int32 or FP32 result
@@ -463,7 +462,7 @@ def test_fast_path_rolling_refill_shares_the_read_channel(shape):
     rest of the refill went on beside the next step's fetches, taking none of its channel)."""
     cfg = BUILDS["tiny-bus4"]
     exact, fast = exact_and_fast(cfg, shape, "int8", np.random.default_rng(17))
-    assert gemm_tiling(cfg, *shape, "int8")[3] == 1     # one moving slot
+    assert schedule.gemm_tiling(cfg, *shape, "int8")[3] == 1    # one moving slot
     assert abs(fast.cycles - exact["cycles"]) <= \
         fast_path_bound(exact["cycles"]) * exact["cycles"], (fast.cycles, exact["cycles"])
 

@@ -1057,16 +1057,6 @@ def test_race_checker_catches_missing_waits(fmt):
             f"waits of engine {engine.name} removed, no seed noticed"
 
 
-def gemm_tiling(cfg, M, K, N, fmt):
-    """``(width, kts, m_block, moving_buffers)``: the tiling ``kernels.gemm`` takes for an
-    ``M x K x N`` GEMM in ``fmt`` (results in int32 or FP32, HBM to HBM)."""
-    rate = cfg.macs_per_pe_cycle(fmt)
-    return schedule.schedule_shape(
-        cfg, columns=N, k_tiles=-(-K // rate // cfg.pe_rows), m_tiles=-(-M // cfg.pe_cols),
-        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0,
-        element=numerics.column_bytes(cfg, fmt), mx=numerics.data_format(fmt).mx)
-
-
 @pytest.mark.parametrize("fmt", ["int8", "bf16", "mxfp8e4m3"])
 def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
     """32x256x64 on tiny (MXFP8 32x384x64: four K tiles' scales share a byte range, so
@@ -1082,7 +1072,7 @@ def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
     cfg = TINY
     rate = cfg.macs_per_pe_cycle(fmt)
     e = numerics.column_bytes(cfg, fmt)
-    width, kts, mb, buffers = gemm_tiling(cfg, M, K, N, fmt)
+    width, kts, mb, buffers = schedule.gemm_tiling(cfg, M, K, N, fmt)
     assert buffers == 1 and kts == K // rate // cfg.pe_rows and width < N, (width, kts)
     rng = np.random.default_rng(21)
     a, b = (kernels.random_inputs(rng, shape, fmt) for shape in ((M, K), (K, N)))

@@ -7,7 +7,7 @@ every job, with a soft reset between them, so the reset is exercised too."""
 import numpy as np
 import pytest
 
-from opentrn import config, cycle_model, isa, kernels, numerics
+from opentrn import config, cycle_model, isa, kernels, numerics, schedule
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import same_bits
@@ -16,7 +16,7 @@ from opentrn.sim.core import HBMS, CoreRunError, choose_hbm, run_images, run_pro
 from opentrn.timeline import ENGINES
 
 from .conftest import float_inputs, require_simulator
-from .test_kernel import gemm_tiling, outside_the_tile_kernel
+from .test_kernel import outside_the_tile_kernel
 
 TINY = config.preset("tiny")
 
@@ -56,7 +56,7 @@ def _one_moving_slot_job(cfg, rng):
     tile at a time behind the first block's matmuls (docs/kernels.md, "One moving slot");
     asserted, so that a change of the schedule cannot take the case out of the RTL runs."""
     M, K, N = 6, 108, 58
-    width, kts, _, buffers = gemm_tiling(cfg, M, K, N, "bf16")
+    width, kts, _, buffers = schedule.gemm_tiling(cfg, M, K, N, "bf16")
     assert (buffers, kts) == (1, -(-K // cfg.pe_rows)) and width < N, (width, kts, buffers)
     a, b = (kernels.random_inputs(rng, shape, "bf16") for shape in ((M, K), (K, N)))
     program, expected = kernels.gemm(cfg, a.T.copy(), b)

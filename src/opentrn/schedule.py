@@ -13,8 +13,8 @@ from opentrn import isa, numerics
 from opentrn.golden import tensor_engine
 from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
 
-__all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "m_tile_order", "schedule_shape",
-           "stationary_slot", "tiling_cost"]
+__all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "gemm_tiling", "m_tile_order",
+           "schedule_shape", "stationary_slot", "tiling_cost"]
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
 MAX_M_BLOCK = 4
@@ -268,6 +268,17 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
                                                            buffers) <= budget:
             mb += 1
     return width, kts, mb, buffers
+
+
+def gemm_tiling(cfg, m, k, n, dtype):
+    """:func:`schedule_shape` of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``
+    in ``dtype``, results in int32 or FP32, HBM to HBM): ``(width, kts, m_block,
+    moving_buffers)``."""
+    k_rows = -(-k // cfg.macs_per_pe_cycle(dtype))
+    return schedule_shape(
+        cfg, columns=n, k_tiles=-(-k_rows // cfg.pe_rows), m_tiles=-(-m // cfg.pe_cols),
+        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0,
+        element=numerics.column_bytes(cfg, dtype), mx=numerics.data_format(dtype).mx)
 
 
 class Schedule:

@@ -138,9 +138,7 @@ def gemm(config, m, k, n, *, dtype="int8"):
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
     out = 4                                              # int32 or FP32 results
     k_tiles, m_tiles = -(-k_rows // K), -(-m // P)
-    width, kts, mb, buffers = schedule.schedule_shape(
-        config, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
-        staging_out=out, fixed_bytes=0, resident_tiles=0, element=e, mx=mx)
+    width, kts, mb, buffers = schedule.gemm_tiling(config, m, k, n, dtype)
     groups = schedule.scale_groups(config) if mx else 1  # the kernel's (Schedule)
     count = -(-n // width) * m_tiles * -(-k_tiles // kts)
     if count > MAX_GEMM_STEPS:
