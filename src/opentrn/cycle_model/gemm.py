@@ -109,15 +109,16 @@ def gemm(config, m, k, n, *, dtype="int8"):
     """The cycles of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``, results in
     int32 or FP32, HBM to HBM) on one core, without building the program, from the kernel's
     steps (docs/kernels.md, "The schedule"): the largest of their throughput (each step the
-    larger of the tensor engine's time and the DMA's for the descriptors that overlap it,
-    plus the first prefetch and the last step's drain, activations and store), their
-    latency (the engines in program order with the kernel's waits, an idle tensor engine
-    starting with its fill) and the AXI read channel's time (every instruction fetch and
-    HBM read, a beat a cycle). Each DMA descriptor costs the words of its slower side, each
-    row's counted from its own address as the DMA walks it; the DMA's reads share the read
-    channel with the instruction fetches, its stores the SBUF's read port with the tensor
-    unit (:func:`_dma_step`). For workloads too large for :func:`predict`; the tests bound
-    its difference from :func:`predict` (docs/performance.md)."""
+    largest of the tensor engine's time, the DMA's for the descriptors that overlap it and
+    the read channel's beats of its instructions, plus the first prefetch and the last
+    step's drain, activations and store), their latency (the engines in program order with
+    the kernel's waits, an idle tensor engine starting with its fill) and the AXI read
+    channel's time (every instruction fetch and HBM read, a beat a cycle). Each DMA
+    descriptor costs the words of its slower side, each row's counted from its own address
+    as the DMA walks it; the DMA's reads share the read channel with the instruction
+    fetches, its stores the SBUF's read port with the tensor unit (:func:`_dma_step`). For
+    workloads too large for :func:`predict`; the tests bound its difference from
+    :func:`predict` (docs/performance.md)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
@@ -407,7 +408,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
             lengths.append(compute)
         else:
             behind = 0.0
-            lengths.append(max(compute, dma_side))
+            # The read channel carries the step's instructions whether the DMA reads or
+            # not (from the second step: the first step's come with the start-up fetches).
+            lengths.append(max(compute, dma_side, fetch_beats[i] if i else 0.0))
         throughput += lengths[-1]
     # After the last matmul: its drain, the last activations and the last store.
     finish = _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
