@@ -319,6 +319,12 @@ def fast_path_bound(cycles):
     return 0.02 if cycles >= 5000 else 0.05
 
 
+def within_fast_path_bound(exact, fast):
+    """Whether the fast path's cycles are within :func:`fast_path_bound` of predict()'s."""
+    return abs(fast.cycles - exact["cycles"]) <= \
+        fast_path_bound(exact["cycles"]) * exact["cycles"]
+
+
 def exact_and_fast(cfg, shape, dtype, rng):
     """predict()'s counters of the library GEMM of ``shape`` (random inputs from ``rng``)
     and the fast path's estimate of it."""
@@ -338,8 +344,7 @@ def test_fast_path_agrees_with_the_model(preset, dtype):
         label = f"{preset} {dtype} {m}x{k}x{n}"
         assert (fast.macs, fast.tensor_busy, fast.dma_bytes) == \
             (exact["macs"], exact["tensor_busy"], exact["dma_bytes"]), label
-        assert abs(fast.cycles - exact["cycles"]) <= \
-            fast_path_bound(exact["cycles"]) * exact["cycles"], \
+        assert within_fast_path_bound(exact, fast), \
             (label, fast.cycles, exact["cycles"])
 
 
@@ -450,8 +455,7 @@ def test_fast_path_models_the_overlaps(preset, dtype, shape):
     cfg = (config.resolve("trn3", overrides=["dma_engines=1"]) if preset == "trn3"
            else config.preset(preset))
     exact, fast = exact_and_fast(cfg, shape, dtype, np.random.default_rng(17))
-    assert abs(fast.cycles - exact["cycles"]) <= \
-        fast_path_bound(exact["cycles"]) * exact["cycles"], (fast.cycles, exact["cycles"])
+    assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
 
 
 def test_fast_path_first_refill_on_a_wide_bus():
@@ -463,8 +467,7 @@ def test_fast_path_first_refill_on_a_wide_bus():
                        hbm_bytes_per_s=float(32 * tiny.clock_hz * tiny.cores_per_chip))
     assert projection.exact_model_follows(cfg)
     exact, fast = exact_and_fast(cfg, (2, 2, 1), "int8", np.random.default_rng(17))
-    assert abs(fast.cycles - exact["cycles"]) <= \
-        fast_path_bound(exact["cycles"]) * exact["cycles"], (fast.cycles, exact["cycles"])
+    assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
 
 
 @pytest.mark.parametrize("shape", [(8, 226, 51), (13, 223, 35)])
@@ -477,8 +480,7 @@ def test_fast_path_rolling_refill_shares_the_read_channel(shape):
     cfg = BUILDS["tiny-bus4"]
     exact, fast = exact_and_fast(cfg, shape, "int8", np.random.default_rng(17))
     assert schedule.gemm_tiling(cfg, *shape, "int8")[3] == 1    # one moving slot
-    assert abs(fast.cycles - exact["cycles"]) <= \
-        fast_path_bound(exact["cycles"]) * exact["cycles"], (fast.cycles, exact["cycles"])
+    assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8e4m3", "mxfp8e4m3"])
