@@ -13,14 +13,15 @@
    reports for one core (the exact model's cycles where it follows the configuration and the kernel
    is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``). ``--full-size 4096``:
    the same at S^3 on that ``trn3`` in BF16, FP8 and MXFP8 (minutes each: the program is
-   built and the exact model runs every cycle). ``--one-slot``: the same on a few ``trn3``
-   GEMMs whose blocks keep one moving slot, refilled a K tile at a time (a minute).
+   built and the exact model runs every cycle), or in those of ``--full-size-formats``.
+   ``--one-slot``: the same on a few ``trn3`` GEMMs whose blocks keep one moving slot,
+   refilled a K tile at a time (a minute).
 3. Speed: ``predict``'s cycles per second; the fast path on an 8192^3 GEMM of a ``trn3``
    core; a sweep of 1,000 configurations.
 
     python benchmarks/cycle_model_accuracy.py [--presets tiny,small] [--random 40]
         [--shapes 300] [--trainium-shapes 0] [--bus-widths W[,W...]] [--full-size S[,S...]]
-        [--one-slot] [--skip-rtl] [--json]
+        [--full-size-formats F[,F...]] [--one-slot] [--skip-rtl] [--json]
 
 Markdown tables on stdout (docs/performance.md), progress on stderr.
 """
@@ -213,13 +214,18 @@ def bus_width_accuracy(widths, count):
     return rows
 
 
-def full_size_accuracy(sizes):
-    """The fast path against predict() on S^3 GEMMs on ``trn3`` with one DMA engine, with
-    the time to build each program and to run the exact model on it."""
+#: The formats of ``--full-size``.
+FULL_SIZE_FORMATS = ("bf16", "fp8e4m3", "mxfp8e4m3")
+
+
+def full_size_accuracy(sizes, dtypes=FULL_SIZE_FORMATS):
+    """The fast path against predict() on S^3 GEMMs on ``trn3`` with one DMA engine, in
+    each format of ``dtypes``, with the time to build each program and to run the exact
+    model on it."""
     cfg = config.resolve("trn3", overrides=["dma_engines=1"])
     rows = []
     for size in sizes:
-        for dtype in ("bf16", "fp8e4m3", "mxfp8e4m3"):
+        for dtype in dtypes:
             started = time.perf_counter()
             program = gemm_program(cfg, (size, size, size), dtype, np.random.default_rng(1))
             built = time.perf_counter()
@@ -302,6 +308,17 @@ def sizes(text):
     return values
 
 
+def full_size_formats(text):
+    """``--full-size-formats``: comma-separated formats of :data:`FULL_SIZE_FORMATS`."""
+    values = text.split(",")
+    for value in values:
+        if value not in FULL_SIZE_FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"--full-size-formats={text!r}: {value!r} is not one of "
+                f"{','.join(FULL_SIZE_FORMATS)}")
+    return values
+
+
 def widths(text):
     """``--bus-widths``: comma-separated bus widths that ``tiny`` takes, checked before
     anything runs."""
@@ -331,6 +348,10 @@ def main():
                         help="comma-separated bus widths: random int8 shapes on tiny with each")
     parser.add_argument("--full-size", type=sizes, default=[],
                         help="comma-separated S: S^3 GEMMs on trn3 with one DMA engine")
+    parser.add_argument("--full-size-formats", type=full_size_formats,
+                        default=list(FULL_SIZE_FORMATS),
+                        help="comma-separated formats of the --full-size GEMMs "
+                             f"(default: {','.join(FULL_SIZE_FORMATS)})")
     parser.add_argument("--one-slot", action="store_true",
                         help="trn3 GEMMs with one moving slot, refilled a K tile at a time")
     parser.add_argument("--skip-rtl", action="store_true")
@@ -361,7 +382,7 @@ def main():
                            + bus_width_accuracy(args.bus_widths, args.shapes))
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
     if args.full_size:
-        result["full_size"] = full_size_accuracy(args.full_size)
+        result["full_size"] = full_size_accuracy(args.full_size, args.full_size_formats)
     if args.one_slot:
         result["one_slot"] = one_slot_accuracy()
     result["speed"] = speed()

@@ -489,16 +489,18 @@ def test_library_gemm_keeps_a_trn3_core_90_percent_busy(dtype, size):
     """The library GEMM's tiling (schedule.schedule_shape, chosen by cost) keeps a trn3
     core's array >= 90% busy at 4096^3 and 8192^3 in BF16, FP8 and MXFP8, and moves at most
     1.5x the compulsory bytes (A and B once with MX scales, C once in FP32; MXFP8 8192^3
-    1.51x before its blocks kept their first stationary tiles); BF16 8192^3 at most 2.25x
-    (2.75x with blocks of 1024 columns, before blocks of 3 matmuls), where a lower bound on
-    any schedule is 1.5x (docs/performance.md, "The GEMM schedule at Trainium scale")."""
+    1.51x before its blocks kept their first stationary tiles); BF16 8192^3 at most 2x
+    (1.97x in 5 balanced blocks of 1664 columns; 2.21x in blocks of 1536, 2.75x of 1024),
+    where a lower bound on any schedule is 1.5x, and on this kernel's, which keeps each
+    output tile in the PSUM across all of K (blocks of at most 2048 columns: A fetched at
+    least 4 times), 1.75x (docs/performance.md, "The GEMM schedule at Trainium scale")."""
     cfg = config.preset("trn3")
     est = cycle_model.gemm(cfg, size, size, size, dtype=dtype)
     assert est.tensor_busy / est.cycles >= 0.90, est
     fmt = numerics.data_format(dtype)
     per_element = fmt.bytes + (1 / numerics.MX_BLOCK if fmt.mx else 0)
     compulsory = 2 * size * size * per_element + 4 * size * size
-    limit = 2.25 if (dtype, size) == ("bf16", 8192) else 1.5
+    limit = 2.0 if (dtype, size) == ("bf16", 8192) else 1.5
     assert est.dma_bytes <= limit * compulsory, est.dma_bytes / compulsory
 
 

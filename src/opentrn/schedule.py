@@ -7,6 +7,7 @@ fast path (:func:`opentrn.cycle_model.gemm`) steps through the same tiling."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from opentrn import isa, numerics
@@ -238,22 +239,44 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
     # columns of 64 K tiles fit where 2048 do not).
     widths += [c * chunk for c in range(3, banks_per_group) if c * chunk < w
                and c * chunk not in widths]
-    for w in widths:
-        kts = fitting_kts(w)
-        if kts:
-            consider(w, kts, 2)
-        if moving_from_hbm and kts < k_tiles and need(k_tiles, w, buffers=1) <= budget:
-            consider(w, k_tiles, 1)
+
+    def cost_widths(widths):
+        for w in widths:
+            kts = fitting_kts(w)
+            if kts:
+                consider(w, kts, 2)
+            if moving_from_hbm and kts < k_tiles and need(k_tiles, w, buffers=1) <= budget:
+                consider(w, k_tiles, 1)
+
+    def choice():
+        """Within 2% of the fewest cycles (about the estimate's precision), the fewest
+        bytes; then the widest, with two slots rather than one."""
+        fastest = min(candidate[0] for candidate in candidates)
+        return min(candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[4], -c[3]))
+
+    cost_widths(widths)
     if not candidates:
         raise KernelError(
             f"sbuf_bytes_per_partition={budget}: too small for this kernel even with "
             f"one column per block and one K tile per step (needs "
             f"{need(1, 1)} bytes per partition)")
-    # Within 2% of the fewest cycles (about the estimate's precision), the fewest bytes;
-    # then the widest, with two slots rather than one.
-    fastest = min(candidate[0] for candidate in candidates)
-    _, _, dma_bound, buffers, width, kts = min(
-        candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[4], -c[3]))
+    # Then, for fewer blocks than that choice, the narrowest width that makes each count
+    # (a multiple of a stationary tile's columns and of a bus word), where fewer blocks
+    # fetch the stationary data fewer times (more than two M tiles: a block keeps only
+    # the two it starts with, m_tile_order) or the chosen blocks are uneven (a narrow last
+    # block takes about as long as a full one: a stationary load per K tile, each at
+    # least a fresh tile's interval). BF16 8192^3 on trn3: 1,536 columns make 6 blocks,
+    # 1,664 (all 64 K tiles in one slot still fit) make 5; tiny int8 16x224x36: blocks of
+    # 24 and 12 columns where the halvings give 16, 16 and 4.
+    unit = math.lcm(P, align // math.gcd(align, element))
+    chosen = choice()[4]
+    balanced = set()
+    if m_tiles > 2 or columns % chosen:
+        for count in range(-(-columns // w), -(-columns // chosen)):
+            per_block = -(-columns // count)
+            balanced.add(min(w, -(-per_block // unit) * unit))
+    cost_widths(sorted(balanced - set(widths), reverse=True))
+    _, _, dma_bound, buffers, width, kts = choice()
     # Stationary tiles of several M tiles per descriptor, when K is not cut into parts (else
     # each part's tiles are needed at another step): as many as fill a bus word when one M
     # tile's row is narrower (rows of whole words, none half empty); up to MAX_M_BLOCK when
