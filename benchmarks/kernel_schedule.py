@@ -6,8 +6,8 @@ the array and how many bytes it moves against the compulsory ones.
         [--sizes 4096,8192] [--dtypes bf16,fp8e4m3,mxfp8e4m3] [--json]
 
 Per format and square GEMM ``S^3`` on one core of the preset, from the cycle model's fast
-path (``cycle_model.gemm``, which sizes its steps with ``schedule.schedule_shape`` as
-the kernel does): the tiling (block width, K tiles per step, M tiles per stationary descriptor,
+path (``cycle_model.gemm``, which sizes its steps with ``schedule.gemm_tiling`` as the
+kernel does): the tiling (block width, K tiles per step, M tiles per stationary descriptor,
 moving slots), cycles, tensor busy (the share of cycles a moving vector enters the array:
 the format's peak), the bytes the DMA moves between HBM and the SBUF, the compulsory bytes
 (A and B read once, with MX scales, C written once in FP32) and their ratio, and the ratio

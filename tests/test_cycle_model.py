@@ -486,7 +486,7 @@ def test_fast_path_rolling_refill_shares_the_read_channel(shape):
 @pytest.mark.parametrize("dtype", ["bf16", "fp8e4m3", "mxfp8e4m3"])
 @pytest.mark.parametrize("size", [4096, 8192])
 def test_library_gemm_keeps_a_trn3_core_90_percent_busy(dtype, size):
-    """The library GEMM's tiling (schedule.schedule_shape, chosen by cost) keeps a trn3
+    """The library GEMM's tiling (schedule.gemm_tiling, timed by the fast path) keeps a trn3
     core's array >= 90% busy at 4096^3 and 8192^3 in BF16, FP8 and MXFP8, and moves at most
     1.5x the compulsory bytes (A and B once with MX scales, C once in FP32; MXFP8 8192^3
     1.51x before its blocks kept their first stationary tiles); BF16 8192^3 at most 2x

@@ -24,7 +24,9 @@ tile) ahead, so the DMA overlaps the matmuls. When a block's K tiles do not fit,
 into parts (the moving data is then fetched per M tile and K part; the PSUM keeps
 accumulating), or the block narrows, or it keeps one moving slot refilled a K tile at a
 time: :func:`~opentrn.schedule.schedule_shape` takes the tiling its cost estimate
-(:func:`~opentrn.schedule.tiling_cost`) finds cheapest. Results go PSUM -> ``ACTIVATE`` ->
+(:func:`~opentrn.schedule.tiling_cost`) finds cheapest; the plain GEMM's,
+:func:`~opentrn.schedule.gemm_tiling`, times the estimate's first tilings with the cycle
+model's fast path and takes one that is clearly faster. Results go PSUM -> ``ACTIVATE`` ->
 SBUF staging (double-buffered) -> one DMA per M tile and block.
 
 MX formats: the host re-lays each operand's scales per K tile (``_tile_scales``: row
@@ -51,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opentrn import isa, numerics
+from opentrn import isa, numerics, schedule
 from opentrn.config import Config
 from opentrn.kernel import (
     Kernel,
@@ -394,11 +396,14 @@ def _gemm(config, a_t, b, *, name, bias=None, scaling=None, relu=False, out=None
     C = k.output(out_name, (M, N), format_dtype(out))
     size = numerics.data_format(out).bytes
     rows = -(-K // rate)                     # K in rows of packed columns
+    # The plain GEMM's tiling is timed by the cycle model's fast path, which models it.
+    plain = bias is None and size == 4 and not relu
     sched = Schedule(k, columns=N, k_tiles=-(-rows // kt_rows),
                       m_tiles=-(-M // config.pe_cols), moving_from_hbm=True,
                       staging_out=size, resident_tiles=0,
                       fixed_bytes=_bias_bytes(config, M) if bias is not None else 0,
-                      element=numerics.column_bytes(config, fmt), mx=mx)
+                      element=numerics.column_bytes(config, fmt), mx=mx,
+                      tiling=schedule.gemm_tiling(config, M, K, N, fmt) if plain else None)
     bias_tile = sched.load_bias(bias_tensor) if bias is not None else None
     if scaling is None:
         scaling = {"scale": 1.0} if floating else {"multiplier": 1, "shift": 0}

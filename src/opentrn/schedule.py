@@ -7,6 +7,7 @@ fast path (:func:`opentrn.cycle_model.gemm`) steps through the same tiling."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ from opentrn import isa, numerics
 from opentrn.golden import tensor_engine
 from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
 
-__all__ = ["MAX_M_BLOCK", "Layer", "Step", "Schedule", "gemm_tiling", "m_tile_order",
-           "schedule_shape", "stationary_slot", "tiling_cost"]
+__all__ = ["MAX_M_BLOCK", "TIMED_GAIN", "TIMED_STEPS", "TIMED_TILINGS", "Layer", "Step",
+           "Schedule", "gemm_tiling", "m_tile_order", "schedule_shape", "stationary_slot",
+           "timed_gemm_tiling", "tiling_cost", "tilings"]
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
 MAX_M_BLOCK = 4
@@ -185,8 +187,20 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
     """The library kernels' tiling (docs/kernels.md, "The schedule"): ``(width, kts, m_block,
     moving_buffers)``, the columns of a block, the K tiles of a step, the M tiles per
     stationary descriptor and the moving slots (2, or 1 refilled a K tile at a time), the
-    cheapest that fit the SBUF (the arguments are :class:`Schedule`'s). Also the cycle
-    model's fast path (:func:`opentrn.cycle_model.gemm`) sizes its steps with it."""
+    cheapest by :func:`tiling_cost` that fit the SBUF (the arguments are
+    :class:`Schedule`'s): the first of :func:`tilings`. The library GEMM times the first
+    few with the cycle model's fast path (:func:`gemm_tiling`)."""
+    return tilings(cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
+                   moving_from_hbm=moving_from_hbm, staging_out=staging_out,
+                   fixed_bytes=fixed_bytes, resident_tiles=resident_tiles, element=element,
+                   mx=mx, groups=groups)[0]
+
+
+def tilings(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out, fixed_bytes,
+            resident_tiles, element=1, mx=False, groups=None):
+    """Every tiling :func:`schedule_shape` costs, each once, in the order of its choice:
+    those within 2% of the fewest estimated cycles first (about the estimate's precision),
+    by bytes, then the widest, with two slots rather than one; then the others, likewise."""
     P, chunk = cfg.pe_cols, cfg.moving_max
     banks_per_group = max(1, cfg.psum_banks // 2)
     align = max(4, cfg.dma_bus_bytes)
@@ -248,11 +262,11 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
             if moving_from_hbm and kts < k_tiles and need(k_tiles, w, buffers=1) <= budget:
                 consider(w, k_tiles, 1)
 
-    def choice():
+    def order(candidate):
         """Within 2% of the fewest cycles (about the estimate's precision), the fewest
         bytes; then the widest, with two slots rather than one."""
-        fastest = min(candidate[0] for candidate in candidates)
-        return min(candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[4], -c[3]))
+        cycles, hbm, _, buffers, width, _ = candidate
+        return (cycles > 1.02 * min(c[0] for c in candidates), hbm, -width, -buffers)
 
     cost_widths(widths)
     if not candidates:
@@ -269,46 +283,96 @@ def schedule_shape(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_o
     # 1,664 (all 64 K tiles in one slot still fit) make 5; tiny int8 16x224x36: blocks of
     # 24 and 12 columns where the halvings give 16, 16 and 4.
     unit = math.lcm(P, align // math.gcd(align, element))
-    chosen = choice()[4]
+    chosen = min(candidates, key=order)[4]
     balanced = set()
     if m_tiles > 2 or columns % chosen:
         for count in range(-(-columns // w), -(-columns // chosen)):
             per_block = -(-columns // count)
             balanced.add(min(w, -(-per_block // unit) * unit))
     cost_widths(sorted(balanced - set(widths), reverse=True))
-    _, _, dma_bound, buffers, width, kts = choice()
-    # Stationary tiles of several M tiles per descriptor, when K is not cut into parts (else
-    # each part's tiles are needed at another step): as many as fill a bus word when one M
-    # tile's row is narrower (rows of whole words, none half empty); up to MAX_M_BLOCK when
-    # the DMA is the bottleneck (fewer descriptors, each with its start-up). No more where
-    # the tensor engine is: a larger fetch lands in one step's shadow and holds it up.
-    mb = 1
-    fill = -(-cfg.dma_bus_bytes // (P * element))
-    if dma_bound:
-        fill = MAX_M_BLOCK
-    if kts >= k_tiles:
-        while mb < min(m_tiles, MAX_M_BLOCK, fill) and need(kts, width, mb + 1,
-                                                           buffers) <= budget:
-            mb += 1
-    return width, kts, mb, buffers
+
+    def m_block(width, kts, buffers, dma_bound):
+        """Stationary tiles of several M tiles per descriptor, when K is not cut into parts
+        (else each part's tiles are needed at another step): as many as fill a bus word
+        when one M tile's row is narrower (rows of whole words, none half empty); up to
+        MAX_M_BLOCK when the DMA is the bottleneck (fewer descriptors, each with its
+        start-up). No more where the tensor engine is: a larger fetch lands in one step's
+        shadow and holds it up."""
+        mb = 1
+        fill = MAX_M_BLOCK if dma_bound else -(-cfg.dma_bus_bytes // (P * element))
+        if kts >= k_tiles:
+            while mb < min(m_tiles, MAX_M_BLOCK, fill) and need(kts, width, mb + 1,
+                                                               buffers) <= budget:
+                mb += 1
+        return mb
+
+    result = []
+    for _, _, dma_bound, buffers, width, kts in sorted(candidates, key=order):
+        tiling = (width, kts, m_block(width, kts, buffers, dma_bound), buffers)
+        if tiling not in result:
+            result.append(tiling)
+    return result
+
+
+#: The most schedule steps (blocks x M tiles x parts of K) of a tiling that
+#: :func:`gemm_tiling` times with the fast path (10 to 20 us a step).
+TIMED_STEPS = 10_000
+#: How many of :func:`tilings` (the first, in the estimate's order) :func:`gemm_tiling` times:
+#: on 2,760 random GEMMs of tiny, small and trn3 its choice was among the first 4.
+TIMED_TILINGS = 4
+#: How much faster by the fast path another tiling must be for :func:`gemm_tiling` to take
+#: it over the estimate's choice: beyond the fast path's own error on the tilings it picks.
+TIMED_GAIN = 0.05
 
 
 def gemm_tiling(cfg, m, k, n, dtype):
-    """:func:`schedule_shape` of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``
-    in ``dtype``, results in int32 or FP32, HBM to HBM): ``(width, kts, m_block,
-    moving_buffers)``."""
+    """:func:`timed_gemm_tiling`'s tiling."""
+    return timed_gemm_tiling(cfg, m, k, n, dtype)[0]
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def timed_gemm_tiling(cfg, m, k, n, dtype):
+    """The tiling of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]`` in ``dtype``,
+    results in int32 or FP32, HBM to HBM): ``(width, kts, m_block, moving_buffers)``. The
+    first of :func:`tilings` are timed by the cycle model's fast path (``cycle_model.gemm``,
+    far closer to the hardware than :func:`tiling_cost`): within 2% of the fewest cycles (the
+    fast path's bound), the fewest bytes, then the estimate's order, if that is at least
+    :data:`TIMED_GAIN` faster than the estimate's choice (docs/kernels.md, "The choice");
+    else the estimate's choice. Timed: the first :data:`TIMED_TILINGS` of no more than
+    :data:`TIMED_STEPS` steps each (when the estimate's choice has more, it is taken). Also
+    the fast path's ``Estimate`` of it (``None`` when none was timed); the answers are
+    kept."""
+    # Here, not at the top: the cycle model's fast path imports this module.
+    from opentrn.cycle_model import gemm as fast_path
     k_rows = -(-k // cfg.macs_per_pe_cycle(dtype))
-    return schedule_shape(
-        cfg, columns=n, k_tiles=-(-k_rows // cfg.pe_rows), m_tiles=-(-m // cfg.pe_cols),
-        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0,
+    k_tiles, m_tiles = -(-k_rows // cfg.pe_rows), -(-m // cfg.pe_cols)
+    candidates = tilings(
+        cfg, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
+        staging_out=4, fixed_bytes=0, resident_tiles=0,
         element=numerics.column_bytes(cfg, dtype), mx=numerics.data_format(dtype).mx)
+
+    def steps(tiling):
+        width, kts, _, _ = tiling
+        return -(-n // width) * m_tiles * -(-k_tiles // kts)
+
+    if len(candidates) == 1 or steps(candidates[0]) > TIMED_STEPS:
+        return candidates[0], None
+    timed = [(fast_path(cfg, m, k, n, dtype=dtype, tiling=tiling), order, tiling)
+             for order, tiling in enumerate(candidates[:TIMED_TILINGS])
+             if steps(tiling) <= TIMED_STEPS]
+    fewest = min(estimate.cycles for estimate, _, _ in timed)
+    best = min(timed, key=lambda t: (t[0].cycles > 1.02 * fewest, t[0].dma_bytes, t[1]))
+    if best[0].cycles > (1 - TIMED_GAIN) * timed[0][0].cycles:
+        best = timed[0]                 # the estimate's choice, timed first
+    return best[2], best[0]
 
 
 class Schedule:
     """Tiles, sizes and the emission of a list of layers over column blocks."""
 
     def __init__(self, kernel: Kernel, *, columns, k_tiles, m_tiles, moving_from_hbm,
-                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False, groups=None):
+                 staging_out, fixed_bytes, resident_tiles, element=1, mx=False, groups=None,
+                 tiling=None):
         """``columns``: N; ``k_tiles`` / ``m_tiles``: the most K / M tiles of a layer;
         ``staging_out``: result bytes (1, 2, 4) staged for HBM, 0 if none; ``fixed_bytes``:
         per-partition bytes of other tiles; ``resident_tiles``: K tiles of moving data kept
@@ -316,7 +380,9 @@ class Schedule:
         ``column_bytes``); ``mx``: an MX format, whose scale slots (one byte per column and
         K tile, double-buffered like the element slots) count in the SBUF budget;
         ``groups``: K tiles whose scales share a byte range (default :func:`scale_groups`,
-        right when every layer's K tile has the hardware's ``mx_blocks`` blocks; else 1)."""
+        right when every layer's K tile has the hardware's ``mx_blocks`` blocks; else 1);
+        ``tiling``: one of :func:`tilings` of these arguments (the library GEMM's
+        :func:`gemm_tiling`), by default the first, :func:`schedule_shape`'s."""
         self.k = kernel
         cfg = kernel.config
         self.cfg = cfg
@@ -324,10 +390,14 @@ class Schedule:
         self.chunk = cfg.moving_max
         self.groups = 2 if cfg.psum_banks >= 2 else 1
         self.banks_per_group = max(1, cfg.psum_banks // 2)
-        width, kts, mb, buffers = schedule_shape(
+        shapes = tilings(
             cfg, columns=columns, k_tiles=k_tiles, m_tiles=m_tiles,
             moving_from_hbm=moving_from_hbm, staging_out=staging_out, fixed_bytes=fixed_bytes,
             resident_tiles=resident_tiles, element=element, mx=mx, groups=groups)
+        if tiling is not None and tuple(tiling) not in shapes:
+            raise KernelError(f"tiling={tiling!r}: not one of this schedule's tilings, "
+                              f"{', '.join(map(str, shapes))}")
+        width, kts, mb, buffers = shapes[0] if tiling is None else tiling
         self.width, self.kts, self.m_block = width, kts, mb
         self.scale_groups = groups = _groups(cfg, mx, groups)
         # One moving slot: a new block's moving data is fetched a K tile at a time, each

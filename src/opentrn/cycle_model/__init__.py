@@ -19,7 +19,7 @@ The HBM may have a fixed latency (``latency=``): random latencies and back-press
 modelled (the zero-latency prediction is then a lower bound).
 
 :func:`gemm` is the fast path for workloads too large to build as a program: the library
-GEMM kernel's steps (:func:`opentrn.schedule.schedule_shape`), each as long as the larger of
+GEMM kernel's steps (:func:`opentrn.schedule.gemm_tiling`), each as long as the larger of
 the tensor engine's and the DMA's work in it; its difference from :func:`predict` is bounded
 by the tests (docs/performance.md).
 

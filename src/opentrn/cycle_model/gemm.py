@@ -105,7 +105,7 @@ def _epilogue(chunks, per_tile, drain, overhead):
 MAX_GEMM_STEPS = 2_000_000
 
 
-def gemm(config, m, k, n, *, dtype="int8"):
+def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     """The cycles of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]``, results in
     int32 or FP32, HBM to HBM) on one core, without building the program, from the kernel's
     steps (docs/kernels.md, "The schedule"): the largest of their throughput (each step the
@@ -118,7 +118,9 @@ def gemm(config, m, k, n, *, dtype="int8"):
     as the DMA walks it; the DMA's reads share the read channel with the instruction
     fetches, its stores the SBUF's read port with the tensor unit (:func:`_dma_step`). For
     workloads too large for :func:`predict`; the tests bound its difference from
-    :func:`predict` (docs/performance.md)."""
+    :func:`predict` (docs/performance.md). ``tiling``: the kernel's ``(width, kts, m_block,
+    moving_buffers)``, by default ``schedule.gemm_tiling``'s (which times the first of
+    ``schedule.tilings`` with this)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
@@ -139,7 +141,11 @@ def gemm(config, m, k, n, *, dtype="int8"):
     word_cycles = W / dma_bytes_per_cycle(config)        # cycles per bus word moved
     out = 4                                              # int32 or FP32 results
     k_tiles, m_tiles = -(-k_rows // K), -(-m // P)
-    width, kts, mb, buffers = schedule.gemm_tiling(config, m, k, n, dtype)
+    if tiling is None:
+        tiling, estimate = schedule.timed_gemm_tiling(config, m, k, n, dtype)
+        if estimate is not None:        # the chosen tiling's, modelled while choosing it
+            return estimate
+    width, kts, mb, buffers = tiling
     groups = schedule.scale_groups(config) if mx else 1  # the kernel's (Schedule)
     count = -(-n // width) * m_tiles * -(-k_tiles // kts)
     if count > MAX_GEMM_STEPS:
