@@ -1106,14 +1106,21 @@ def test_gemm_in_blocks_of_three_matmuls(fmt):
     bytes are those."""
     cfg = TINY.replace(psum_banks=8)
     M, K, N = 24, 32, 128
-    e = numerics.column_bytes(cfg, fmt)
     width, kts, mb, _ = schedule.gemm_tiling(cfg, M, K, N, fmt)
     assert (width, kts) == (3 * cfg.moving_max, K // cfg.pe_rows)
-    rng = np.random.default_rng(33)
-    a, b = (kernels.random_inputs(rng, shape, fmt) for shape in ((M, K), (K, N)))
+    _check_blocks(cfg, fmt, (M, K, N), mb, -(-N // width), seed=33)
+
+
+def _check_blocks(cfg, fmt, shape, mb, blocks, *, seed):
+    """The library GEMM of ``shape`` in ``blocks`` column blocks, ``mb`` M tiles per
+    stationary descriptor: the DMA moves A once per block (but the M tiles a block starts
+    with), B and C once, by the exact model and the fast path; bit-exact on the golden
+    machine and race-free."""
+    M, K, N = shape
+    rng = np.random.default_rng(seed)
+    a, b = (kernels.random_inputs(rng, s, fmt) for s in ((M, K), (K, N)))
     program, expected = kernels.gemm(cfg, a.T.copy(), b)
-    blocks = -(-N // width)
-    column = K * e                      # bytes of one K x 1 column of A or B
+    column = K * numerics.column_bytes(cfg, fmt)     # bytes of one K x 1 column of A or B
     dma_bytes = column * (_a_columns_fetched(M, cfg.pe_cols, mb, blocks) + N) + M * N * 4
     assert cycle_model.predict(program)["dma_bytes"] == dma_bytes
     assert cycle_model.gemm(cfg, M, K, N, dtype=fmt).dma_bytes == dma_bytes
@@ -1133,26 +1140,17 @@ def test_gemm_in_balanced_blocks(fmt, shape, width):
     the M tiles a block starts with: here all of them), B and C once."""
     M, K, N = shape
     cfg = TINY
-    e = numerics.column_bytes(cfg, fmt)
     k_tiles = -(-K // cfg.macs_per_pe_cycle(fmt) // cfg.pe_rows)
     got, kts, mb, _ = schedule.gemm_tiling(cfg, M, K, N, fmt)
     assert (got, kts) == (width, k_tiles)
     halving = cfg.psum_banks // 2 * cfg.moving_max // 2      # half a PSUM group's columns
     blocks = -(-N // width)
     assert blocks == 2 and -(-N // halving) == 3
-    rng = np.random.default_rng(35)
-    a, b = (kernels.random_inputs(rng, s, fmt) for s in ((M, K), (K, N)))
-    program, expected = kernels.gemm(cfg, a.T.copy(), b)
-    column = K * e                      # bytes of one K x 1 column of A or B
-    dma_bytes = column * (_a_columns_fetched(M, cfg.pe_cols, mb, blocks) + N) + M * N * 4
-    assert cycle_model.predict(program)["dma_bytes"] == dma_bytes
-    assert cycle_model.gemm(cfg, M, K, N, dtype=fmt).dma_bytes == dma_bytes
-    _check_golden(program, expected)
-    _race_free(program, expected, seeds=3)
+    _check_blocks(cfg, fmt, shape, mb, blocks, seed=35)
 
 
 def test_gemm_tiling_is_timed_by_the_fast_path(monkeypatch):
-    """The library GEMM times each tiling the estimate costs with the cycle model's fast
+    """The library GEMM times the estimate's first tilings with the cycle model's fast
     path: MXFP8 5x227x23 on tiny, whose 57 K tiles fit the SBUF once but not twice, takes
     one moving slot of all of them where the estimate (schedule_shape) cuts K into 56 and
     1 K tiles with two slots, and runs 4,424 cycles instead of 5,728 by the exact model.
