@@ -512,3 +512,13 @@ def test_fast_path_errors_name_the_field(args, message):
     m, k, n, dtype = args
     with pytest.raises(ValueError, match=message):
         cycle_model.gemm(config.preset("small"), m, k, n, dtype=dtype)
+
+
+def test_fast_path_refuses_a_tiling_the_kernel_does_not_take():
+    cfg = config.preset("small")
+    with pytest.raises(ValueError, match=r"tiling=\(3, 1, 1, 2\): not one of the kernel's "
+                                         r"tilings of this GEMM, \("):
+        cycle_model.gemm(cfg, 16, 8, 16, dtype="int8", tiling=(3, 1, 1, 2))
+    tiling = schedule.gemm_tilings(cfg, 16, 8, 16, "int8")[0]
+    assert cycle_model.gemm(cfg, 16, 8, 16, dtype="int8", tiling=tiling) == \
+        cycle_model.gemm(cfg, 16, 8, 16, dtype="int8")

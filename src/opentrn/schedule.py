@@ -16,8 +16,8 @@ from opentrn.golden import tensor_engine
 from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
 
 __all__ = ["MAX_M_BLOCK", "TIMED_GAIN", "TIMED_STEPS", "TIMED_TILINGS", "Layer", "Step",
-           "Schedule", "gemm_tiling", "m_tile_order", "schedule_shape", "stationary_slot",
-           "timed_gemm_tiling", "tiling_cost", "tilings"]
+           "Schedule", "gemm_tiling", "gemm_tilings", "m_tile_order", "schedule_shape",
+           "stationary_slot", "timed_gemm_tiling", "tiling_cost", "tilings"]
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
 MAX_M_BLOCK = 4
@@ -262,11 +262,11 @@ def tilings(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out, fix
             if moving_from_hbm and kts < k_tiles and need(k_tiles, w, buffers=1) <= budget:
                 consider(w, k_tiles, 1)
 
-    def order(candidate):
-        """Within 2% of the fewest cycles (about the estimate's precision), the fewest
-        bytes; then the widest, with two slots rather than one."""
-        cycles, hbm, _, buffers, width, _ = candidate
-        return (cycles > 1.02 * min(c[0] for c in candidates), hbm, -width, -buffers)
+    def ordered():
+        """The candidates within 2% of the fewest cycles (about the estimate's precision)
+        first; by bytes, then the widest, with two slots rather than one."""
+        fastest = min(c[0] for c in candidates)
+        return sorted(candidates, key=lambda c: (c[0] > 1.02 * fastest, c[1], -c[4], -c[3]))
 
     cost_widths(widths)
     if not candidates:
@@ -283,7 +283,7 @@ def tilings(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out, fix
     # 1,664 (all 64 K tiles in one slot still fit) make 5; tiny int8 16x224x36: blocks of
     # 24 and 12 columns where the halvings give 16, 16 and 4.
     unit = math.lcm(P, align // math.gcd(align, element))
-    chosen = min(candidates, key=order)[4]
+    chosen = ordered()[0][4]
     balanced = set()
     if m_tiles > 2 or columns % chosen:
         for count in range(-(-columns // w), -(-columns // chosen)):
@@ -307,7 +307,7 @@ def tilings(cfg, *, columns, k_tiles, m_tiles, moving_from_hbm, staging_out, fix
         return mb
 
     result = []
-    for _, _, dma_bound, buffers, width, kts in sorted(candidates, key=order):
+    for _, _, dma_bound, buffers, width, kts in ordered():
         tiling = (width, kts, m_block(width, kts, buffers, dma_bound), buffers)
         if tiling not in result:
             result.append(tiling)
@@ -330,26 +330,32 @@ def gemm_tiling(cfg, m, k, n, dtype):
     return timed_gemm_tiling(cfg, m, k, n, dtype)[0]
 
 
+def gemm_tilings(cfg, m, k, n, dtype):
+    """:func:`tilings` of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]`` in
+    ``dtype``, results in int32 or FP32, HBM to HBM)."""
+    k_rows = -(-k // cfg.macs_per_pe_cycle(dtype))
+    return tilings(
+        cfg, columns=n, k_tiles=-(-k_rows // cfg.pe_rows), m_tiles=-(-m // cfg.pe_cols),
+        moving_from_hbm=True, staging_out=4, fixed_bytes=0, resident_tiles=0,
+        element=numerics.column_bytes(cfg, dtype), mx=numerics.data_format(dtype).mx)
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def timed_gemm_tiling(cfg, m, k, n, dtype):
-    """The tiling of ``opentrn.kernels.gemm`` (``C[m, n] = A[m, k] @ B[k, n]`` in ``dtype``,
-    results in int32 or FP32, HBM to HBM): ``(width, kts, m_block, moving_buffers)``. The
-    first of :func:`tilings` are timed by the cycle model's fast path (``cycle_model.gemm``,
-    far closer to the hardware than :func:`tiling_cost`): within 2% of the fewest cycles (the
-    fast path's bound), the fewest bytes, then the estimate's order, if that is at least
-    :data:`TIMED_GAIN` faster than the estimate's choice (docs/kernels.md, "The choice");
-    else the estimate's choice. Timed: the first :data:`TIMED_TILINGS` of no more than
-    :data:`TIMED_STEPS` steps each (when the estimate's choice has more, it is taken). Also
-    the fast path's ``Estimate`` of it (``None`` when none was timed); the answers are
-    kept."""
+    """The tiling of ``opentrn.kernels.gemm``: ``(width, kts, m_block, moving_buffers)``.
+    The first of :func:`gemm_tilings` are timed by the cycle model's fast path
+    (``cycle_model.gemm``, far closer to the hardware than :func:`tiling_cost`): within 2% of
+    the fewest cycles (the fast path's bound), the fewest bytes, then the estimate's order,
+    if that is at least :data:`TIMED_GAIN` faster than the estimate's choice (docs/kernels.md,
+    "The choice"); else the estimate's choice. Timed: the first :data:`TIMED_TILINGS` of no
+    more than :data:`TIMED_STEPS` steps each (when the estimate's choice has more, it is
+    taken). Also the fast path's ``Estimate`` of it (``None`` when none was timed); the
+    answers are kept."""
     # Here, not at the top: the cycle model's fast path imports this module.
     from opentrn.cycle_model import gemm as fast_path
-    k_rows = -(-k // cfg.macs_per_pe_cycle(dtype))
-    k_tiles, m_tiles = -(-k_rows // cfg.pe_rows), -(-m // cfg.pe_cols)
-    candidates = tilings(
-        cfg, columns=n, k_tiles=k_tiles, m_tiles=m_tiles, moving_from_hbm=True,
-        staging_out=4, fixed_bytes=0, resident_tiles=0,
-        element=numerics.column_bytes(cfg, dtype), mx=numerics.data_format(dtype).mx)
+    candidates = gemm_tilings(cfg, m, k, n, dtype)
+    k_tiles = -(-k // cfg.macs_per_pe_cycle(dtype) // cfg.pe_rows)
+    m_tiles = -(-m // cfg.pe_cols)
 
     def steps(tiling):
         width, kts, _, _ = tiling

@@ -119,8 +119,8 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     fetches, its stores the SBUF's read port with the tensor unit (:func:`_dma_step`). For
     workloads too large for :func:`predict`; the tests bound its difference from
     :func:`predict` (docs/performance.md). ``tiling``: the kernel's ``(width, kts, m_block,
-    moving_buffers)``, by default ``schedule.gemm_tiling``'s (which times the first of
-    ``schedule.tilings`` with this)."""
+    moving_buffers)``, one of ``schedule.gemm_tilings``, by default ``schedule.gemm_tiling``'s
+    (which times the first of them with this)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
@@ -145,6 +145,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         tiling, estimate = schedule.timed_gemm_tiling(config, m, k, n, dtype)
         if estimate is not None:        # the chosen tiling's, modelled while choosing it
             return estimate
+    elif tuple(tiling) not in (choices := schedule.gemm_tilings(config, m, k, n, dtype)):
+        raise ValueError(f"tiling={tiling!r}: not one of the kernel's tilings of this GEMM, "
+                         f"{', '.join(map(str, choices))}")
     width, kts, mb, buffers = tiling
     groups = schedule.scale_groups(config) if mx else 1  # the kernel's (Schedule)
     count = -(-n // width) * m_tiles * -(-k_tiles // kts)
