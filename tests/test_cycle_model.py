@@ -476,10 +476,26 @@ def test_fast_path_rolling_refill_shares_the_read_channel(shape):
     K tile at a time behind the step before, shares the read channel with the tensor
     engine's instruction fetches: what the refill has not read when that step ends shares
     the next step's channel in turn (8x226x51 was 6.9% short, 13x223x35 2.5%, when the
-    rest of the refill went on beside the next step's fetches, taking none of its channel)."""
+    rest of the refill went on beside the next step's fetches, taking none of its channel),
+    and the two steps together take at least the channel's time (their fetches and the
+    refill's reads: 8x226x51 was 6.9% short again, 13x223x35 2.4%, when the refill's
+    descriptor fetches moved into the step it runs behind, their channel time lost where
+    they did not fit in it)."""
     cfg = BUILDS["tiny-bus4"]
     exact, fast = exact_and_fast(cfg, shape, "int8", np.random.default_rng(17))
     assert schedule.gemm_tiling(cfg, *shape, "int8")[3] == 1    # one moving slot
+    assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
+
+
+@pytest.mark.parametrize("shape", [(8, 224, 49), (7, 227, 50)])
+def test_fast_path_refill_descriptors_are_fetched_behind_the_step_before(shape):
+    """A rolling refill's descriptors (one per K tile, and one for its MX scales) are
+    fetched as it runs, behind the step before: counted in the read channel of the step
+    they fill, they slowed that step a second time (tiny MXFP8 8x224x49 4.7% over,
+    7x227x50 4.5%: two blocks, the second's 56 or 57 K tiles refilled)."""
+    cfg = config.preset("tiny")
+    exact, fast = exact_and_fast(cfg, shape, "mxfp8e4m3", np.random.default_rng(23))
+    assert schedule.gemm_tiling(cfg, *shape, "mxfp8e4m3")[3] == 1    # one moving slot
     assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
 
 

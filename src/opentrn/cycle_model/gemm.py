@@ -332,6 +332,12 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                       (len(chunks) if last else 0) + nop)
         words = [a + b for a, b in zip(words, step_words, strict=True)]
         fetch_beats.append(sum(step_words) * beats_per_word * word_cycles)
+        if trail[-1]:
+            # A rolling refill runs behind the step before, and so do the fetches of its
+            # descriptors: they share that step's read channel, not their own step's.
+            moved = 2 * (descriptors - descriptors_before) * beats_per_word * word_cycles
+            fetch_beats[-1] -= moved
+            fetch_beats[-2] += moved
 
     count = len(steps)
     # At start each sequencer fetches two bursts ahead, and the HBM answers in order: the
@@ -386,6 +392,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         first = 0.0         # after the first prefetch's reads: the step's to share
     throughput = fetches[0] + start + first
     behind = 0.0        # a rolling refill's DMA cycles past the step it starts in
+    channel_pair = 0.0  # the read channel's cycles of a refill's step and the next
     lengths = []        # each step's cycles
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
@@ -418,8 +425,15 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         else:
             behind = 0.0
             # The read channel carries the step's instructions whether the DMA reads or
-            # not (from the second step: the first step's come with the start-up fetches).
-            lengths.append(max(compute, dma_side, fetch_beats[i] if i else 0.0))
+            # not (from the second step: the first step's come with the start-up fetches);
+            # after a refill's step, what the two steps' fetches and the refill's reads
+            # leave of the channel's time when the refill's step ends.
+            lengths.append(max(compute, dma_side, fetch_beats[i] if i else 0.0,
+                               channel_pair - lengths[-1] if channel_pair else 0.0))
+        # A refill that fills the read channel slows the instruction fetches of its step
+        # and the next one: together they take at least the channel's time.
+        channel_pair = (fetch_beats[i] + fetch_beats[i + 1] + ahead - overhead
+                        if refill else 0.0)
         throughput += lengths[-1]
     # After the last matmul: its drain, the last activations and the last store.
     finish = _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
@@ -490,10 +504,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         if refill:
             # K tile j's descriptor waits for the matmuls of this step that read K tile j
             # of the slot: it starts after the first K tile's, at the read channel's pace
-            # (shared with the step's instruction fetches and its own), its last after the
-            # last matmul.
-            refill_fetches = 2 * prefetch_descriptors[i + 1] * beats_per_word * word_cycles
-            span = _dma_step(fetches[i + 1], fetch_beats[i] + refill_fetches, 0, 0)
+            # (shared with the step's instruction fetches, its own among them), its last
+            # after the last matmul.
+            span = _dma_step(fetches[i + 1], fetch_beats[i], 0, 0)
             prefetch(i + 1, after=max(began + per_tile, tensor_end[i] + trail[i + 1] - span),
                      cycles=span)
         if last:
