@@ -164,6 +164,7 @@ DATA_FORMATS = {f.name: f for f in (
 )}
 FORMAT_CODE_BITS = 3
 assert max(f.code for f in DATA_FORMATS.values()) < 1 << FORMAT_CODE_BITS
+_FORMATS_BY_CODE = {f.code: f for f in DATA_FORMATS.values()}
 
 #: Input formats of the tensor engine (``Config.dtypes`` is a set of these).
 TENSOR_FORMATS = ("int8", "bf16", "fp8e4m3", "fp8e5m2", "mxfp8e4m3", "mxfp8e5m2")
@@ -268,10 +269,10 @@ def data_format(name):
 
 def format_of_code(code):
     """The :class:`DataFormat` whose code is ``code``."""
-    for fmt in DATA_FORMATS.values():
-        if fmt.code == code:
-            return fmt
-    raise ValueError(f"format code {code}: not a format code")
+    try:
+        return _FORMATS_BY_CODE[code]
+    except (KeyError, TypeError):
+        raise ValueError(f"format code {code}: not a format code") from None
 
 
 def bit_length(values):

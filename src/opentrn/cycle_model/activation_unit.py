@@ -27,6 +27,7 @@ class _ActivationUnitModel:
         self.act_reads_left = 0
         self.act_slots = input_slots(config)
         self.act_sbuf_latency = sbuf.read_latency(config)
+        self.act_vector_word = config.vector_word_bytes     # the SBUF's vector word
         # The cycles the reads in flight are answered in (1 after the grant from the PSUM,
         # sbuf.read_latency from the SBUF), oldest first; the bias read's.
         self.act_arrivals = deque()
@@ -43,7 +44,7 @@ class _ActivationUnitModel:
 
     def _act_commit(self, cycle, handed, sbuf_granted, psum_granted, take, result_take,
                     advance, write_done):
-        width = self.config.vector_word_bytes     # the SBUF's vector word
+        width = self.act_vector_word              # the SBUF's vector word
         ins = self.act_ins
         state = self.act_state
         streaming = state == "STREAM"

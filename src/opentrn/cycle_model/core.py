@@ -201,7 +201,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             f = ins.fields
             out_bytes = _OUT_BYTES[f["out_format"]]
             last_index = f["n"] - 1
-            vector = cfg.vector_word_bytes
+            vector = self.act_vector_word
             position = self.act_out_address & (vector - 1)
             complete = (position + out_bytes == vector) or self.act_out_index == last_index
             result_ready = (not complete) or len(self.act_writes) < WRITE_SLOTS
@@ -382,13 +382,13 @@ def simulate(config, hbm, programs, *, latency=0, max_cycles=None, trace=None,
     core.cycle = 1              # cycle 0 is the start pulse; the counters count from cycle 1
     stuck = 0
     while True:
-        done = all(s.finished() for s in seqs)
+        done = all(s.ended for s in seqs) and all(s.finished() for s in seqs)
         core.step()
         if done:
             return dict(core.counters)
         # The RTL's deadlock rule (hdl/core.py): every unfinished engine waits on a
         # semaphore and none has an instruction in flight.
-        if (any(s.waiting for s in seqs)
+        if ((seqs[0].waiting or seqs[1].waiting or seqs[2].waiting)
                 and all(s.waiting or s.finished() for s in seqs)
                 and not any(s.retiring for s in seqs)):
             stuck += 1

@@ -15,11 +15,9 @@ class _RoundRobin:
         self.last = count - 1
 
     def grant(self, valids):
-        if not any(valids):
-            return -1
-        count = self.count
-        for step in range(1, count + 1):
-            index = (self.last + step) % count
+        count, index = self.count, self.last
+        for _ in range(count):
+            index = index + 1 if index + 1 < count else 0
             if valids[index]:
                 self.last = index
                 return index

@@ -232,10 +232,12 @@ class _TensorUnitModel:
             takes += [(load_take and load_mx, load_finish and load_mx),
                       (mm_take and mm_mx, mm_last and mm_mx)]
         swap = mm_first and mm_job["swap"]
+        granted = owner if port_granted else -1
         for index, (reader, (take, finish)) in enumerate(zip(self.readers, takes,
                                                              strict=True)):
-            self._reader_commit(reader, port_granted and owner == index, responding == index,
-                                take, finish)
+            if take or finish or granted == index or responding == index:
+                self._reader_commit(reader, granted == index, responding == index, take,
+                                    finish)
         self.te_locked = request_valid and not port_granted
         self.te_owner = owner
         self.te_responding.append(owner if port_granted else -1)
