@@ -160,6 +160,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             "configuration, or a part of it")
     parts = [(k0, min(k_tiles, k0 + kts)) for k0 in range(0, k_tiles, kts)]
     beats_per_word = isa.WORD_BYTES // min(W, isa.WORD_BYTES)
+    act_overhead = activate_overhead(config)    # an ACTIVATE's cycles beyond its vectors
     issue = beats_per_word + 2          # sequencer cycles per instruction (assemble, READY)
 
     def rows_in(k0, k1):
@@ -313,7 +314,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             stores.append(store)
             dma_busy += store
             dma_bytes += mrows * w * out
-            acts.append(sum(c + activate_overhead(config) for c in chunks))
+            acts.append(sum(chunks) + len(chunks) * act_overhead)
             # The first activation waits for its chunk's matmul and for the store two
             # epilogues back (its staging tile): the kernel builder puts the second wait in
             # a NOP, unless a matmul of the step waited for a prefetch that the DMA stream
@@ -437,7 +438,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         throughput += lengths[-1]
     # After the last matmul: its drain, the last activations and the last store.
     finish = _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
-                       activate_overhead(config)) + stores[-1]
+                       act_overhead) + stores[-1]
     throughput += finish
 
     # Latency: the engines in program order with the waits the kernel places (docs/kernels.md,
@@ -514,7 +515,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                 # Through the NOP, if any: its wait, then the activation's issue.
                 act_free = max(act_free, epilogues[-2][1] + (1 + issue if nops[i] else 0))
             ends = _activations(chunks, per_tile, act_free - tensor_end[i], drain,
-                                activate_overhead(config))
+                                act_overhead)
             ends = [tensor_end[i] + end for end in ends]
             act_free = ends[-1]
             dma_free = max(dma_free, act_free) + stores[i]
