@@ -3,13 +3,15 @@ equal, counter for counter, on random GEMM, GEMM + bias + ReLU and MLP shapes in
 format of the build; and its fast path against it. The kernels of tests/test_sim_core.py and
 the CLI's demo are compared there (the same equality)."""
 
+import importlib
+
 import numpy as np
 import pytest
 
 from opentrn import config, cycle_model, kernels, numerics, projection, schedule
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
-from opentrn.kernel import FORMAT_DTYPES, Kernel
+from opentrn.kernel import FORMAT_DTYPES, Kernel, Pattern
 from opentrn.sim.core import run_images, run_programs
 
 from .conftest import SIM_BUILDS, require_simulator
@@ -415,6 +417,10 @@ OVERLAP_SHAPES = [
     ("tiny", "mxfp8e4m3", (14, 221, 49)),
     # DMA-bound: the first step's matmuls start before its last descriptor ends (+3.8%).
     ("trn3", "bf16", (466, 367, 607)),
+    # So do a later step's, while the tensor engine waits for the DMA (+2.2% when only the
+    # first step's did; -2.1% with that alone, its descriptors taking their larger side's
+    # words rather than each row's slower side, below).
+    ("trn3", "fp8e4m3", (74, 1020, 724)),
 ]
 
 
@@ -485,6 +491,49 @@ def test_fast_path_rolling_refill_shares_the_read_channel(shape):
     exact, fast = exact_and_fast(cfg, shape, "int8", np.random.default_rng(17))
     assert schedule.gemm_tiling(cfg, *shape, "int8")[3] == 1    # one moving slot
     assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
+
+
+#: Descriptors of ``n2`` K tiles (16 rows each) of ``length``-byte rows, from byte ``col0``
+#: of rows ``pitch`` bytes apart in HBM to ``tile_bytes``-byte tiles of the SBUF, on a
+#: 64-byte bus, whose rows' source and sink bus words differ in both directions: the whole
+#: descriptor's larger side was 7 to 9 cycles short of its time.
+ROW_PACED = [(294, 474, 147, 347, 2), (479, 592, 82, 494, 2), (102, 288, 167, 121, 2)]
+
+
+@pytest.mark.parametrize("length, pitch, col0, tile_bytes, n2", ROW_PACED)
+def test_fast_path_descriptor_rows_take_their_slower_side(length, pitch, col0, tile_bytes,
+                                                         n2):
+    """The DMA walks a descriptor's two sides row by row (hdl/access_pattern.py), so each
+    row takes about the bus words of its slower side: the fast path's descriptor cost
+    (``gemm._tiles_words``) is what a descriptor adds to the exact model's DMA-busy cycles
+    in a run of them (three against one), within a cycle on these, where the larger side's
+    total over the whole descriptor is 7 to 9 short (on other descriptors the realignment
+    buffer lets a row's words overlap the next row's by a cycle or two)."""
+    fast = importlib.import_module("opentrn.cycle_model.gemm")
+    cfg = config.preset("trn3").replace(
+        pe_rows=16, pe_cols=16, sbuf_partitions=16, moving_max=64, psum_bank_entries=64,
+        sbuf_bytes_per_partition=32768, dma_bus_bytes=64, dma_engines=1,
+        hbm_bytes=16777216)
+    parts, width = cfg.sbuf_partitions, cfg.dma_bus_bytes
+
+    def dma_busy(copies):
+        k = Kernel(cfg)
+        a = k.input("a", np.zeros((n2 * parts, pitch), np.uint8))
+        tile = k.sbuf(parts, tile_bytes * n2)
+        for _ in range(copies):
+            k.dma_pattern(Pattern(tile, partition=0, pstep1=1, stride2=tile_bytes),
+                          Pattern(a, offset=col0, stride1=pitch, stride2=parts * pitch),
+                          n0=length, n1=parts, n2=n2)
+        out = k.output("out", (1, 1), np.uint8)
+        k.dma(out[0:1, 0:1], tile[0:1, 0:1])
+        return cycle_model.predict(k.build())["dma_busy"]
+
+    each = (dma_busy(3) - dma_busy(1)) / 2
+    words = fast._tiles_words(col0, pitch, n2 * parts, length, 0, tile_bytes, parts, width)
+    larger_side = max(fast._rows_words(col0, pitch, n2 * parts, length, width),
+                      parts * fast._rows_words(0, tile_bytes, n2, length, width))
+    assert abs(each - (cycle_model.DMA_READ_OVERHEAD + words)) <= 1, (each, words)
+    assert each - (cycle_model.DMA_READ_OVERHEAD + larger_side) >= 7, (each, larger_side)
 
 
 @pytest.mark.parametrize("shape", [(8, 224, 49), (7, 227, 50)])

@@ -54,6 +54,28 @@ def _cached_rows_words(start, pitch, rows, length, width):
     return whole * sum(cycle) + sum(cycle[:rest])
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _tiles_words(src, pitch, rows, length, sink, tile_bytes, per_tile, width):
+    """Bus-word cycles of a descriptor of ``rows`` runs of ``length`` bytes, run ``r`` from
+    source byte ``src + r * pitch`` to sink byte ``sink + (r // per_tile) * tile_bytes``
+    (starts modulo the bus word): the DMA walks both sides row by row, so each row takes
+    the words of its slower side. A run touches ``least`` words or one more; a tile whose
+    sink runs touch one more sets its rows' pace, else the source's runs do."""
+    least = (length - 1) // width + 1
+    if rows <= per_tile or tile_bytes % width == 0:     # every tile's sink runs alike
+        if _words(sink, length, width) > least:
+            return rows * (least + 1)
+        return _rows_words(src, pitch, rows, length, width)
+    total = 0
+    for tile in range(-(-rows // per_tile)):
+        count = min(per_tile, rows - tile * per_tile)
+        if _words(sink + tile * tile_bytes, length, width) > least:
+            total += count * (least + 1)
+        else:
+            total += _rows_words(src + tile * per_tile * pitch, pitch, count, length, width)
+    return total
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0, overhead=0.0):
     """Cycles of a step's DMA work: reads for ``reads`` cycles, sharing the AXI read channel
@@ -177,8 +199,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         ``length`` bytes from row ``row0`` and byte ``col0`` of an HBM tensor of ``pitch``
         bytes a row, row ``r`` to partition ``r % per_tile`` at byte ``at + (r // per_tile)
         * tile_bytes``: one descriptor for the full K tiles, one for a partial last one.
-        Each side walks its rows word by word; the slower side sets the pace. Also the
-        last descriptor's cycles and the rows it carries (the last ones)."""
+        Each side walks its rows word by word; the slower side of each row sets its pace
+        (:func:`_tiles_words`). Also the last descriptor's cycles and the rows it carries
+        (the last ones)."""
         nonlocal descriptors, read_words, first_bursts
         cost = 0.0
         last = (0.0, 0)
@@ -186,12 +209,13 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         for count, first, tiles in ((full * per_tile, 0, full), (rest, full, 1)):
             if not count:
                 continue
-            source = _rows_words(row0 * pitch + first * per_tile * pitch + col0, pitch,
-                                 count, length, W)
+            start = row0 * pitch + first * per_tile * pitch + col0
+            source = _rows_words(start, pitch, count, length, W)
             # Each K tile's rows (one per partition) at the same bytes of the slot.
-            sink = (count // tiles) * _rows_words(at + first * tile_bytes, tile_bytes, tiles,
-                                                  length, W)
-            last = (dma(max(source, sink)), rows - first * per_tile)
+            words = _tiles_words(start % W, pitch % W, count, length,
+                                 (at + first * tile_bytes) % W, tile_bytes % W,
+                                 count // tiles, W)
+            last = (dma(words), rows - first * per_tile)
             if not descriptors:         # the first one's HBM reads: a burst a row or more
                 first_bursts = count * -(-_words(0, length, W) // DMA_MAX_BURST)
             read_words += source
@@ -394,6 +418,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     throughput = fetches[0] + start + first
     behind = 0.0        # a rolling refill's DMA cycles past the step it starts in
     channel_pair = 0.0  # the read channel's cycles of a refill's step and the next
+    idle = 0.0
     lengths = []        # each step's cycles
     for i in range(count):
         ahead = fetches[i + 1] if i + 1 < count else 0
@@ -404,6 +429,12 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             # (the engine idle until the first of them is in: it starts with the fill).
             per_tile = tensor[0] / (steps[0][6] - steps[0][5])
             own = max(tensor[0] - tails[0][0] + fill(0, per_tile), tails[0][1] * per_tile)
+        elif idle and fetches[i] and not trail[i] and tails[i][1] < steps[i][6] - steps[i][5]:
+            # So do a later step's, while the tensor engine waits for the step before's
+            # DMA: as much of them as its idle time and that last descriptor allow.
+            per_tile = tensor[i] / (steps[i][6] - steps[i][5])
+            early = (steps[i][6] - steps[i][5] - tails[i][1]) * per_tile
+            own = max(tensor[i] - min(tails[i][0], early, idle), tails[i][1] * per_tile)
         compute = max(own + (trail[i + 1] if i + 1 < count else 0), act_side)
         refill = i + 1 < count and trail[i + 1]
         store = stores[i - 1] if i else 0
@@ -435,6 +466,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         # and the next one: together they take at least the channel's time.
         channel_pair = (fetch_beats[i] + fetch_beats[i + 1] + ahead - overhead
                         if refill else 0.0)
+        idle = lengths[-1] - compute        # the tensor engine's wait at the step's end
         throughput += lengths[-1]
     # After the last matmul: its drain, the last activations and the last store.
     finish = _epilogue(steps[-1][2], tensor[-1] / (steps[-1][6] - steps[-1][5]), drain,
