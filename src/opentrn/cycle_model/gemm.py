@@ -136,9 +136,10 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     step's drain, activations and store), their latency (the engines in program order with
     the kernel's waits, an idle tensor engine starting with its fill) and the AXI read
     channel's time (every instruction fetch and HBM read, a beat a cycle). Each DMA
-    descriptor costs the words of its slower side, each row's counted from its own address
-    as the DMA walks it; the DMA's reads share the read channel with the instruction
-    fetches, its stores the SBUF's read port with the tensor unit (:func:`_dma_step`). For
+    descriptor costs, row by row, the words of the row's slower side, each row counted from
+    its own addresses as the DMA walks it; the DMA's reads share the read channel with the
+    instruction fetches, its stores the SBUF's read port with the tensor unit
+    (:func:`_dma_step`). For
     workloads too large for :func:`predict`; the tests bound its difference from
     :func:`predict` (docs/performance.md). ``tiling``: the kernel's ``(width, kts, m_block,
     moving_buffers)``, one of ``schedule.gemm_tilings``, by default ``schedule.gemm_tiling``'s
