@@ -425,17 +425,15 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         ahead = fetches[i + 1] if i + 1 < count else 0
         act_side = acts[i - 1] if i else 0
         own = tensor[i]
-        if i == 0 and tails[0][1] < steps[0][6] - steps[0][5]:
-            # The K tiles the first prefetch's last descriptor does not carry go in meanwhile
-            # (the engine idle until the first of them is in: it starts with the fill).
-            per_tile = tensor[0] / (steps[0][6] - steps[0][5])
-            own = max(tensor[0] - tails[0][0] + fill(0, per_tile), tails[0][1] * per_tile)
-        elif idle and fetches[i] and not trail[i] and tails[i][1] < steps[i][6] - steps[i][5]:
-            # So do a later step's, while the tensor engine waits for the step before's
-            # DMA: as much of them as its idle time and that last descriptor allow.
-            per_tile = tensor[i] / (steps[i][6] - steps[i][5])
-            early = (steps[i][6] - steps[i][5] - tails[i][1]) * per_tile
-            own = max(tensor[i] - min(tails[i][0], early, idle), tails[i][1] * per_tile)
+        k_count = steps[i][6] - steps[i][5]
+        if (i == 0 or idle) and fetches[i] and not trail[i] and tails[i][1] < k_count:
+            # The K tiles the prefetch's last descriptor does not carry go in while it runs:
+            # the first step's from the start (the engine idle until the first of them is
+            # in: it starts with the fill), a later step's as far as the tensor engine waits
+            # for the step before's DMA.
+            per_tile = tensor[i] / k_count
+            overlap = tails[0][0] - fill(0, per_tile) if i == 0 else min(tails[i][0], idle)
+            own = max(tensor[i] - overlap, tails[i][1] * per_tile)
         compute = max(own + (trail[i + 1] if i + 1 < count else 0), act_side)
         refill = i + 1 < count and trail[i + 1]
         store = stores[i - 1] if i else 0
