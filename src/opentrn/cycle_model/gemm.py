@@ -62,10 +62,6 @@ def _tiles_words(src, pitch, rows, length, sink, tile_bytes, per_tile, width):
     the words of its slower side. A run touches ``least`` words or one more; a tile whose
     sink runs touch one more sets its rows' pace, else the source's runs do."""
     least = (length - 1) // width + 1
-    if rows <= per_tile or tile_bytes % width == 0:     # every tile's sink runs alike
-        if _words(sink, length, width) > least:
-            return rows * (least + 1)
-        return _rows_words(src, pitch, rows, length, width)
     total = 0
     for tile in range(-(-rows // per_tile)):
         count = min(per_tile, rows - tile * per_tile)
@@ -432,7 +428,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             # in: it starts with the fill), a later step's as far as the tensor engine waits
             # for the step before's DMA.
             per_tile = tensor[i] / k_count
-            overlap = tails[0][0] - fill(0, per_tile) if i == 0 else min(tails[i][0], idle)
+            overlap = tails[i][0] - fill(i, per_tile) if i == 0 else min(tails[i][0], idle)
             own = max(tensor[i] - overlap, tails[i][1] * per_tile)
         compute = max(own + (trail[i + 1] if i + 1 < count else 0), act_side)
         refill = i + 1 < count and trail[i + 1]
