@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from opentrn import config, cycle_model, kernels, numerics, projection, schedule
+from opentrn import config, cycle_model, kernels, projection, schedule
 from opentrn.cycle_model import COUNTERS
 from opentrn.report import markdown_table
 
@@ -86,42 +86,6 @@ def rtl_accuracy(presets, random_count, sim):
     return rows
 
 
-def random_shapes(cfg, dtype, count, rng):
-    """``count`` GEMM shapes that stress the fast path's step model on ``cfg``."""
-    P = cfg.pe_cols
-    k_rows = cfg.pe_rows * cfg.macs_per_pe_cycle(dtype)     # K elements of one K tile
-    chunk = cfg.moving_max
-    # The K tiles whose stationary and moving slots (double-buffered, blocks of a PSUM
-    # group's columns) fill the SBUF: K just past it makes the schedule narrow the blocks
-    # or cut K into parts.
-    group = max(1, cfg.psum_banks // 2) * chunk
-    sbuf_k = cfg.sbuf_bytes_per_partition // (
-        2 * numerics.column_bytes(cfg, dtype) * (P + group)) * k_rows
-
-    def near(unit):
-        return max(1, unit * int(rng.integers(1, 9)) + int(rng.integers(-1, 2)))
-
-    def spread(low, high):
-        return int(np.exp(rng.uniform(np.log(low), np.log(high))))
-
-    shapes = []
-    for index in range(count):
-        kind = index % 5
-        if kind == 0:
-            m, k, n = spread(1, 32 * P), spread(1, 32 * k_rows), spread(1, 8 * chunk)
-        elif kind == 1:
-            m, k, n = spread(P, 32 * P), 1, spread(chunk, 8 * chunk)
-        elif kind == 2:
-            m, n, k = spread(1, 2 * P), spread(1, 2 * P), int(rng.integers(8, 40)) * k_rows
-        elif kind == 3:
-            m, k, n = near(P), near(k_rows), near(chunk)
-        else:
-            k = max(1, sbuf_k + int(rng.integers(-k_rows, k_rows + 1)))
-            m, n = spread(P, 8 * P), spread(chunk, 4 * chunk)
-        shapes.append((m, k, n))
-    return shapes
-
-
 def compare(cfg, label, dtype, shape, kind, rng):
     """One row: the fast path's cycles against predict()'s for a GEMM of ``shape``, and
     what ``opentrn project`` reports for one core (the exact model's cycles where it
@@ -143,8 +107,8 @@ def fast_path_accuracy(presets, random_count):
         rng = np.random.default_rng(7)
         for dtype in formats(cfg):
             shapes = [(shape, "table") for shape in SHAPES]
-            shapes += [(shape, "random") for shape in random_shapes(cfg, dtype, random_count,
-                                                                  rng)]
+            shapes += [(shape, "random") for shape in cycle_model.random_gemm_shapes(
+                cfg, dtype, random_count, rng)]
             rows += [compare(cfg, name, dtype, shape, kind, rng) for shape, kind in shapes]
             log(f"fast path {name} {dtype}: {len(shapes)} shapes")
     return rows
@@ -209,7 +173,7 @@ def bus_width_accuracy(widths, count):
         rng = np.random.default_rng(13)
         label = f"tiny, dma_bus_bytes={width}"
         rows += [compare(cfg, label, "int8", shape, "random", rng)
-                 for shape in random_shapes(cfg, "int8", count, rng)]
+                 for shape in cycle_model.random_gemm_shapes(cfg, "int8", count, rng)]
         log(f"fast path {label}: {count} shapes")
     return rows
 

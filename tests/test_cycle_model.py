@@ -350,6 +350,45 @@ def test_fast_path_agrees_with_the_model(preset, dtype):
             (label, fast.cycles, exact["cycles"])
 
 
+def _random_sample(presets=(("tiny", ("int8", "bf16", "fp8e4m3", "mxfp8e4m3")),
+                            ("small", ("int8",))), per_format=10, seed=2026):
+    """A seeded sample of the benchmark's random shapes (``cycle_model.random_gemm_shapes``,
+    each of its five kinds twice per format): ``(preset, dtype, shape)``."""
+    sample = []
+    for preset, dtypes in presets:
+        rng = np.random.default_rng(seed)
+        cfg = config.preset(preset)
+        sample += [(preset, dtype, shape) for dtype in dtypes
+                   for shape in cycle_model.random_gemm_shapes(cfg, dtype, per_format, rng)]
+    return sample
+
+
+#: Shapes of the sample the fast path is known to miss its bound on (docs/performance.md,
+#: "The fast path": about 1% of the benchmark's random shapes): each is expected to fail,
+#: and the test fails if it passes, so that a fix takes it off this list.
+OUTSIDE_THE_BOUND = {
+    # +2.3%: a step whose DMA stores the previous step's results and then prefetches the
+    # next step's tiles; the instruction fetches go out on the read channel during the
+    # store, where the step model spreads them over the prefetch's reads too.
+    ("small", "int8", (39, 31, 193)),
+}
+
+
+@pytest.mark.parametrize("preset, dtype, shape", [
+    pytest.param(*case, id="{}-{}-{}x{}x{}".format(*case[:2], *case[2]),
+                 marks=[pytest.mark.xfail(strict=True, reason="outside the bound")]
+                 if case in OUTSIDE_THE_BOUND else [])
+    for case in _random_sample()])
+def test_fast_path_within_its_bound_on_a_random_sample(preset, dtype, shape):
+    """The issue's bound (2% from 5,000 cycles, 5% below) on a seeded random sample of the
+    shapes benchmarks/cycle_model_accuracy.py reports in full: K = 1, a long K with small M
+    and N, sizes a tile either way, K around the SBUF's capacity."""
+    exact, fast = exact_and_fast(config.preset(preset), shape, dtype,
+                                 np.random.default_rng(0))
+    assert fast.dma_bytes == exact["dma_bytes"]
+    assert within_fast_path_bound(exact, fast), (fast.cycles, exact["cycles"])
+
+
 #: Shapes whose operand rows start mid-word in HBM (M, N not multiples of the bus word) and
 #: whose K nearly fills the SBUF: the fast path once counted every row as aligned and was
 #: 16-18% short on these (docs/performance.md, "The fast path").

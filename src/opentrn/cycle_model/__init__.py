@@ -40,9 +40,9 @@ from .axi4_memory import HBM_READ_CYCLES, HBM_WRITE_RESPONSE_CYCLES
 from .core import COUNTERS, predict, predict_timeline, simulate, upper_bound
 from .dma import DMA_FIFO_LATENCY, DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD, dma_bytes_per_cycle
 from .errors import ModelError
-from .gemm import MAX_GEMM_STEPS, Estimate, gemm
+from .gemm import MAX_GEMM_STEPS, Estimate, gemm, random_gemm_shapes
 
 __all__ = ["COUNTERS", "ModelError", "predict", "predict_timeline", "simulate", "gemm",
            "Estimate", "dma_bytes_per_cycle", "upper_bound", "activate_overhead",
            "HBM_READ_CYCLES", "HBM_WRITE_RESPONSE_CYCLES", "DMA_FIFO_LATENCY",
-           "DMA_READ_OVERHEAD", "DMA_WRITE_OVERHEAD", "MAX_GEMM_STEPS"]
+           "DMA_READ_OVERHEAD", "DMA_WRITE_OVERHEAD", "MAX_GEMM_STEPS", "random_gemm_shapes"]

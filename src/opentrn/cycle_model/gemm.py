@@ -4,6 +4,8 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from opentrn import isa, numerics, schedule
 from opentrn.golden import psum, sbuf, tensor_engine
 from opentrn.hdl.dma import MAX_BURST as DMA_MAX_BURST
@@ -560,3 +562,43 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                     dma_busy=round(dma_busy), activation_busy=sum(
                         sum(s[2]) for s in steps if s[7]),
                     macs=m * k_rows * rate * n, dma_bytes=dma_bytes, steps=count)
+
+
+def random_gemm_shapes(config, dtype, count, rng):
+    """``count`` GEMM shapes ``(m, k, n)`` drawn from ``rng`` (a numpy ``Generator``) that
+    stress :func:`gemm`'s step model on ``config`` in ``dtype``, five kinds in turn: any
+    size up to 32 tiles; K = 1; a long K (8 to 39 K tiles) with M, N of at most two tiles;
+    M, K, N each a whole number of tiles give or take one; K just around what the SBUF's
+    double-buffered slots hold, where the schedule narrows the blocks or cuts K into parts
+    (benchmarks/cycle_model_accuracy.py draws its random set with it, the suite a sample)."""
+    P = config.pe_cols
+    k_rows = config.pe_rows * config.macs_per_pe_cycle(dtype)  # K elements of one K tile
+    chunk = config.moving_max
+    # The K of the stationary and moving slots (double-buffered, blocks of a PSUM group's
+    # columns) that fill the SBUF.
+    group = max(1, config.psum_banks // 2) * chunk
+    sbuf_k = config.sbuf_bytes_per_partition // (
+        2 * numerics.column_bytes(config, dtype) * (P + group)) * k_rows
+
+    def near(unit):
+        return max(1, unit * int(rng.integers(1, 9)) + int(rng.integers(-1, 2)))
+
+    def spread(low, high):
+        return int(np.exp(rng.uniform(np.log(low), np.log(high))))
+
+    shapes = []
+    for index in range(count):
+        kind = index % 5
+        if kind == 0:
+            m, k, n = spread(1, 32 * P), spread(1, 32 * k_rows), spread(1, 8 * chunk)
+        elif kind == 1:
+            m, k, n = spread(P, 32 * P), 1, spread(chunk, 8 * chunk)
+        elif kind == 2:
+            m, n, k = spread(1, 2 * P), spread(1, 2 * P), int(rng.integers(8, 40)) * k_rows
+        elif kind == 3:
+            m, k, n = near(P), near(k_rows), near(chunk)
+        else:
+            k = max(1, sbuf_k + int(rng.integers(-k_rows, k_rows + 1)))
+            m, n = spread(P, 8 * P), spread(chunk, 4 * chunk)
+        shapes.append((m, k, n))
+    return shapes
