@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from opentrn import config, cycle_model, kernels, numerics, projection, schedule
+from opentrn.config import ConfigError
 from opentrn.golden.core import Core as GoldenCore
 from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import FORMAT_DTYPES, Kernel, Pattern
@@ -617,6 +618,16 @@ def test_fast_path_errors_name_the_field(args, message):
     m, k, n, dtype = args
     with pytest.raises(ValueError, match=message):
         cycle_model.gemm(config.preset("small"), m, k, n, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype, count, error, message", [
+    ("int8", -1, ValueError, "count=-1: must be a non-negative integer"),
+    ("bf16", 5, ConfigError, "format='bf16': not among this build's formats"),
+])
+def test_random_shapes_refusals_name_the_field(dtype, count, error, message):
+    with pytest.raises(error, match=message):
+        cycle_model.random_gemm_shapes(config.preset("small"), dtype, count,
+                                       np.random.default_rng(0))
 
 
 def test_fast_path_refuses_a_tiling_the_kernel_does_not_take():

@@ -571,6 +571,8 @@ def random_gemm_shapes(config, dtype, count, rng):
     M, K, N each a whole number of tiles give or take one; K just around what the SBUF's
     double-buffered slots hold, where the schedule narrows the blocks or cuts K into parts
     (benchmarks/cycle_model_accuracy.py draws its random set with it, the suite a sample)."""
+    if not isinstance(count, int) or count < 0:
+        raise ValueError(f"count={count!r}: must be a non-negative integer")
     P = config.pe_cols
     k_rows = config.pe_rows * config.macs_per_pe_cycle(dtype)  # K elements of one K tile
     chunk = config.moving_max
