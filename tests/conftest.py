@@ -42,6 +42,13 @@ MX_BUILDS = {
 }
 MX_BUILDS["mx64-fast"] = MX_BUILDS["mx64"].replace(fast_weight_load=2, pe_add_stages=1)
 
+#: trn3 at 1/8 (docs/performance.md, "On the RTL, at trn3's ratios"): a 16x16 array, PSUM
+#: banks and SBUF partitions 1/8 as wide, a 32-byte bus, the one DMA engine the RTL builds.
+TRN3_16 = config.resolve("trn3", overrides=[
+    "pe_rows=16", "pe_cols=16", "sbuf_partitions=16", "moving_max=64", "psum_bank_entries=64",
+    "sbuf_bytes_per_partition=32768", "dma_bus_bytes=32", "dma_engines=1",
+    "hbm_bytes=16777216"])
+
 
 def simulators_for(build):
     """The simulators a block testbench runs a build on: builds named like ``tiny``

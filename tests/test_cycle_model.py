@@ -15,7 +15,7 @@ from opentrn.isa import Fault, Opcode, encode
 from opentrn.kernel import FORMAT_DTYPES, Kernel, Pattern
 from opentrn.sim.core import run_images, run_programs
 
-from .conftest import SIM_BUILDS, require_simulator
+from .conftest import SIM_BUILDS, TRN3_16, require_simulator
 
 #: The builds of the random-kernel runs: the two simulation presets, and tiny with a 4-byte
 #: bus (four bus beats per instruction word, 4-byte SBUF words: an int32 or FP32 result
@@ -551,10 +551,7 @@ def test_fast_path_descriptor_rows_take_their_slower_side(length, pitch, col0, t
     total over the whole descriptor is 7 to 9 short (on other descriptors the realignment
     buffer lets a row's words overlap the next row's by a cycle or two)."""
     fast = importlib.import_module("opentrn.cycle_model.gemm")
-    cfg = config.preset("trn3").replace(
-        pe_rows=16, pe_cols=16, sbuf_partitions=16, moving_max=64, psum_bank_entries=64,
-        sbuf_bytes_per_partition=32768, dma_bus_bytes=64, dma_engines=1,
-        hbm_bytes=16777216)
+    cfg = TRN3_16.replace(dma_bus_bytes=64)
     parts, width = cfg.sbuf_partitions, cfg.dma_bus_bytes
 
     def dma_busy(copies):

@@ -18,17 +18,13 @@ from opentrn.golden.dma import ErrorCode, Space
 from opentrn.isa import Engine, Fault, Opcode
 from opentrn.sim import runner
 
-from .conftest import require_simulator
+from .conftest import TRN3_16, require_simulator
 
 TINY = config.preset("tiny")
 SMALL = config.preset("small")
-#: trn3 at 1/8 (docs/performance.md, "On the RTL, at trn3's ratios"): MXFP8 columns of 4
-#: bytes (4 MACs per PE), two MX blocks a K tile, the two-column fast weight load. Found
-#: the generator drawing more columns than its SBUF window holds.
-TRN3_16 = config.resolve("trn3", overrides=[
-    "pe_rows=16", "pe_cols=16", "sbuf_partitions=16", "moving_max=64", "psum_bank_entries=64",
-    "sbuf_bytes_per_partition=32768", "dma_bus_bytes=32", "dma_engines=1",
-    "hbm_bytes=16777216"])
+#: TRN3_16 (trn3 at 1/8): MXFP8 columns of 4 bytes (4 MACs per PE), two MX blocks a K
+#: tile, the two-column fast weight load. Found the generator drawing more columns than its
+#: SBUF window holds.
 
 
 @pytest.mark.parametrize("cfg", [TINY, SMALL, TRN3_16], ids=["tiny", "small", "trn3-16x16"])

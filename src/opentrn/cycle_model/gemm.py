@@ -137,11 +137,10 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     descriptor costs, row by row, the words of the row's slower side, each row counted from
     its own addresses as the DMA walks it; the DMA's reads share the read channel with the
     instruction fetches, its stores the SBUF's read port with the tensor unit
-    (:func:`_dma_step`). For
-    workloads too large for :func:`predict`; the tests bound its difference from
-    :func:`predict` (docs/performance.md). ``tiling``: the kernel's ``(width, kts, m_block,
-    moving_buffers)``, one of ``schedule.gemm_tilings``, by default ``schedule.gemm_tiling``'s
-    (which times the first of them with this)."""
+    (:func:`_dma_step`). For workloads too large for :func:`predict`; the tests bound its
+    difference from :func:`predict` (docs/performance.md). ``tiling``: the kernel's
+    ``(width, kts, m_block, moving_buffers)``, one of ``schedule.gemm_tilings``, by default
+    ``schedule.gemm_tiling``'s (which times the first of them with this)."""
     for name, value in (("m", m), ("k", k), ("n", n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
