@@ -48,8 +48,3 @@ class _Hbm:
         at = cycle + self.read_cycles
         for beat in range(beats):
             self.beats.append((at, manager, beat == beats - 1))
-
-    def presented(self, cycle):
-        if self.beats and self.beats[0][0] <= cycle:
-            return self.beats[0]
-        return None

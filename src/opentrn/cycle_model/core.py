@@ -99,11 +99,11 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
         sbuf_write = self.sbuf_writes.grant(
             [bool(self.act_writes), dma_have and dst_space == _SBUF])
         psum_dma_write = dma_have and dst_space == _PSUM and self._psum_write_free()
-        ar_valids = [dma_arvalid] + [s.ar_valid for s in seqs]
-        ar = self.ar.grant(ar_valids)
+        ar = self.ar.grant([dma_arvalid, seqs[0].ar_valid, seqs[1].ar_valid, seqs[2].ar_valid])
 
         # ---- HBM channels ----------------------------------------------------------------
-        beat = self.hbm.presented(cycle)
+        beats = self.hbm.beats          # it presents its oldest beat once that beat's cycle comes
+        beat = beats[0] if beats and beats[0][0] <= cycle else None
         r_manager, r_last = (beat[1], beat[2]) if beat else (-1, False)
         if r_manager == 0:
             r_taken = (running and src_space == _HBM and dma.src_take.active
@@ -146,7 +146,7 @@ class _Core(_TensorUnitModel, _ActivationUnitModel, _DmaModel):
             s.waiting = False
             s.push = None
             if s.state == _READY:
-                current = s.current()
+                current = s.instructions[s.index]
                 f = current.fields
                 if f["wait"] and self.semaphores[f["wait_sem"]] < f["wait_value"]:
                     s.waiting = True
@@ -381,16 +381,21 @@ def simulate(config, hbm, programs, *, latency=0, max_cycles=None, trace=None,
     seqs = core.sequencers
     core.cycle = 1              # cycle 0 is the start pulse; the counters count from cycle 1
     stuck = 0
+    first, second, third = seqs
+    step = core.step
     while True:
-        done = all(s.ended for s in seqs) and all(s.finished() for s in seqs)
-        core.step()
+        done = (first.ended and second.ended and third.ended
+                and first.finished() and second.finished() and third.finished())
+        step()
         if done:
             return dict(core.counters)
         # The RTL's deadlock rule (hdl/core.py): every unfinished engine waits on a
         # semaphore and none has an instruction in flight.
-        if ((seqs[0].waiting or seqs[1].waiting or seqs[2].waiting)
-                and all(s.waiting or s.finished() for s in seqs)
-                and not any(s.retiring for s in seqs)):
+        if ((first.waiting or second.waiting or third.waiting)
+                and not (first.retiring or second.retiring or third.retiring)
+                and (first.waiting or first.finished())
+                and (second.waiting or second.finished())
+                and (third.waiting or third.finished())):
             stuck += 1
             if stuck == 2:
                 raise ModelError(f"deadlock at cycle {core.cycle}: every engine waits on a "

@@ -62,6 +62,10 @@ class _DmaModel:
     def _dma_commit(self, cycle, ar_sent, r_taken, last_taken, buffer_granted, written, need,
                     w_sent, w_last, dst_burst_words, aw_sent, b_taken):
         dma = self.dma
+        if (dma.state == _IDLE and not dma.queue and not dma.arrivals and not dma.write_lasts
+                and not (ar_sent or r_taken or buffer_granted or written or w_sent or aw_sent)):
+            dma.done = False            # an idle engine with nothing coming: no change
+            return
         # The FSM sees this cycle's (registered) state.
         finished = (not dma.src_take.active and not dma.dst_put.active
                     and dma.bursts_sent == 0 and dma.reads_in_flight == 0

@@ -15,6 +15,8 @@ class _RoundRobin:
         self.last = count - 1
 
     def grant(self, valids):
+        if not any(valids):
+            return -1
         count, index = self.count, self.last
         for _ in range(count):
             index = index + 1 if index + 1 < count else 0

@@ -26,9 +26,6 @@ class _Reader:
         self.stored = 0
         self.col = 0
 
-    def want(self):
-        return self.gen_pos < len(self.queue) and self.reserved != self.words
-
     def gen_sequence(self):
         return self.queue[self.gen_pos]["seq"]
 
@@ -63,6 +60,11 @@ class _Reader:
         or the job."""
         job = self.queue[0]
         last = self.width - (1 << job["size"])
+        if self.columns == 1:               # _lanes() below, for one column a take
+            if self.col >= job["count"]:
+                return 0
+            lane = (job["lane"] + (self.col << job["size"])) & (self.width - 1)
+            return int(lane == last or self.col == job["count"] - 1)
         return sum(1 for lane, j in self._lanes(job)
                    if lane == last or self.col + j == job["count"] - 1)
 
@@ -189,7 +191,9 @@ class _TensorUnitModel:
         if self.te_locked:
             return self.te_owner
         readers = self.readers
-        wanting = [i for i, r in enumerate(readers) if r.want()]
+        # A reader wants the port while a job has words not yet requested and it has room.
+        wanting = [i for i, r in enumerate(readers)
+                   if r.gen_pos < len(r.queue) and r.reserved != r.words]
         if len(wanting) < 2:
             return wanting[0] if wanting else -1
         owner = -1
@@ -223,21 +227,22 @@ class _TensorUnitModel:
         mm_first = mm_take and matmuls.col == 0
         mm_last = mm_take and matmuls.col == mm_job["count"] - 1
         mm_entry = (mm_job["bank"], mm_job["entry"] + matmuls.col) if mm_take else None
-        load_mx = bool(loads.queue) and loads.queue[0]["mx"]
-        mm_mx = mm_job is not None and mm_job["mx"]
         # (take, finish) of each reader, in the order of self.readers: a path's scale
         # reader follows its path for the MX jobs.
         takes = [(load_take, load_finish), (mm_take, mm_last)]
         if self.mx:
+            load_mx = bool(loads.queue) and loads.queue[0]["mx"]
+            mm_mx = mm_job is not None and mm_job["mx"]
             takes += [(load_take and load_mx, load_finish and load_mx),
                       (mm_take and mm_mx, mm_last and mm_mx)]
         swap = mm_first and mm_job["swap"]
         granted = owner if port_granted else -1
-        for index, (reader, (take, finish)) in enumerate(zip(self.readers, takes,
-                                                             strict=True)):
+        readers = self.readers
+        for index, (take, finish) in enumerate(takes):
+            # Most cycles leave most readers as they are: commit only those that change.
             if take or finish or granted == index or responding == index:
-                self._reader_commit(reader, granted == index, responding == index, take,
-                                    finish)
+                self._reader_commit(readers[index], granted == index, responding == index,
+                                    take, finish)
         self.te_locked = request_valid and not port_granted
         self.te_owner = owner
         self.te_responding.append(owner if port_granted else -1)
