@@ -103,6 +103,27 @@ def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0, overhead=0.0):
     return high
 
 
+def _store_end(start, words, reading):
+    """The end of a store of ``words`` cycles from ``start`` whose SBUF reads lose the read
+    port to the tensor engine's (``reading``: (start, end, reads a cycle), in order; the
+    port's round-robin leaves the store at least every other cycle)."""
+    t, left = start, float(words)
+    for begin, end, rate in reading:
+        if end <= t:
+            continue
+        if t < begin:
+            if left <= begin - t:
+                return t + left
+            left -= begin - t
+            t = begin
+        pace = 1.0 - min(rate, 0.5)
+        if left <= (end - t) * pace:
+            return t + left / pace
+        left -= (end - t) * pace
+        t = end
+    return t + left
+
+
 def _activations(chunks, per_tile, free, drain, overhead):
     """The end of each chunk's activation after a step's matmuls end (at 0), one
     activation per chunk (PSUM bank), each from ``free`` (the activation engine's) or when
@@ -121,7 +142,7 @@ def _epilogue(chunks, per_tile, drain, overhead):
     return _activations(chunks, per_tile, float("-inf"), drain, overhead)[-1]
 
 
-#: The most steps :func:`gemm` models (each a few numbers: 10 to 20 s per 10**6).
+#: The most steps :func:`gemm` models (each a few numbers: 20 to 30 s per 10**6).
 MAX_GEMM_STEPS = 2_000_000
 
 
@@ -476,85 +497,119 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     # (two epilogues back); an activation (one per chunk, that is per PSUM bank) waits for
     # its chunk's last matmul to drain and for the store two epilogues back (its staging
     # tile). Short steps with an epilogue each are bound by this chain, not by throughput.
-    tensor_end = [0.0] * count
-    fetched = [0.0] * count
-    started = [0.0] * count     # when each step's prefetch starts
-    moving_users = []           # the steps that fetched a moving block, in order
-    epilogues = []              # (each chunk's activation end, store end)
-    dma_free = start
+    # The chain is followed twice: once with each prefetch's reads sharing the read channel
+    # with its step's instruction fetches (spread over the step) and each store at its own
+    # cycles; once with each store's SBUF reads losing the read port to the tensor engine's
+    # while it runs, and each prefetch at its own cycles. Each leaves out a slowdown the
+    # other counts, so the end is at least the later of the two.
+    def latency(conflicts):
+        tensor_end = [0.0] * count
+        fetched = [0.0] * count
+        started = [0.0] * count     # when each step's prefetch starts
+        moving_users = []           # the steps that fetched a moving block, in order
+        epilogues = []              # (each chunk's activation end, store end)
+        reading = []                # each step's matmuls: (start, end, SBUF reads a cycle)
+        dma_free = start
 
-    def prefetch(i, after=0.0, cycles=None):
-        nonlocal dma_free
-        ready = max(dma_free, after)
-        if a_waits[i] is not None:
-            ready = max(ready, tensor_end[a_waits[i]])
-        if new_moving[i]:
-            if len(moving_users) >= 2:
-                ready = max(ready, tensor_end[moving_users[-2]])
-            moving_users.append(i)
-        started[i] = ready
-        dma_free = fetched[i] = ready + (fetches[i] if cycles is None else cycles)
+        def prefetch(i, after=0.0, cycles=None):
+            nonlocal dma_free
+            ready = max(dma_free, after)
+            if a_waits[i] is not None:
+                ready = max(ready, tensor_end[a_waits[i]])
+            if new_moving[i]:
+                if len(moving_users) >= 2:
+                    ready = max(ready, tensor_end[moving_users[-2]])
+                moving_users.append(i)
+            started[i] = ready
+            dma_free = fetched[i] = ready + (fetches[i] if cycles is None else cycles)
 
-    prefetch(0, cycles=fetches[0] + first)   # sharing the channel with the stream's refills
-    tensor_free = act_free = 0.0
-    for i in range(count):
-        refill = i + 1 < count and trail[i + 1] > 0
-        if i + 1 < count and not refill:
-            # Its reads share the read channel with the step's instruction fetches, spread
-            # over the step (as long as the one before it, or as throughput allows).
-            window = max(lengths[i], tensor_end[i - 1] - tensor_end[i - 2] if i >= 2 else 0)
-            prefetch(i + 1, cycles=fetches[i + 1] * window
-                     / (window - (fetch_beats[i] if fetches[i + 1] else 0)))
-        chunks, k0, k1, last = steps[i][2], steps[i][5], steps[i][6], steps[i][7]
-        # A K tile's time shared among its chunks' matmuls in proportion to their columns.
-        per_tile = tensor[i] / (k1 - k0)
-        share = [per_tile * columns / sum(chunks) for columns in chunks]
-        last_cycles, last_tiles = tails[i]
-        # The `early` K tiles that the last descriptor does not carry start when their
-        # own are done (a step with no descriptors waits for none); with a refill, K tile
-        # j's matmuls wait for its j-th descriptor, the last K tile's for the last.
-        if trail[i]:
-            early, ready = k1 - k0 - 1, started[i] + trail[i]
-        else:
-            early = k1 - k0 - last_tiles if fetches[i] else 0
-            ready = fetched[i] - (last_cycles if early > 0 else 0)
-        # An engine waiting for its tiles starts with the fill.
-        t = max(tensor_free, ready + fill(i, per_tile)) if fetches[i] else tensor_free
-        began = t
-        for c, columns in enumerate(share):
-            if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
-                t = max(t, epilogues[-2][0][c])
-            t += columns
-        if early > 0:
-            t = max(t + (early - 1) * per_tile, fetched[i]) + (k1 - k0 - early) * per_tile
-        else:
-            t += tensor[i] - per_tile
-        tensor_free = tensor_end[i] = t
-        if refill:
-            # K tile j's descriptor waits for the matmuls of this step that read K tile j
-            # of the slot: it starts after the first K tile's, at the read channel's pace
-            # (shared with the step's instruction fetches, its own among them), its last
-            # after the last matmul.
-            span = _dma_step(fetches[i + 1], fetch_beats[i], 0, 0)
-            prefetch(i + 1, after=max(began + per_tile, tensor_end[i] + trail[i + 1] - span),
-                     cycles=span)
-        if last:
-            if len(epilogues) >= 2:
-                # Through the NOP, if any: its wait, then the activation's issue.
-                act_free = max(act_free, epilogues[-2][1] + (1 + issue if nops[i] else 0))
-            ends = _activations(chunks, per_tile, act_free - tensor_end[i], drain,
-                                act_overhead)
-            ends = [tensor_end[i] + end for end in ends]
-            act_free = ends[-1]
-            dma_free = max(dma_free, act_free) + stores[i]
-            epilogues.append((ends, dma_free))
+        def store(j, begin, i):
+            """Step ``j``'s store, from ``begin``, once step ``i`` (after it) has run: with
+            ``conflicts``, slowed by the matmuls of step ``i`` and, past their end, of step
+            ``i + 1`` if its tiles need no prefetch (the engine goes straight on; a prefetch
+            would follow the store in the DMA stream)."""
+            nonlocal dma_free
+            if conflicts:
+                runs = reading[-2:]
+                if i + 1 < count and not fetches[i + 1]:
+                    runs.append((reading[-1][1], reading[-1][1] + tensor[i + 1],
+                                 tensor_reads[i + 1] / tensor[i + 1]))
+                dma_free = _store_end(begin, stores[j], runs)
+            else:
+                dma_free = begin + stores[j]
+            epilogues[-1] = (epilogues[-1][0], dma_free)
+
+        prefetch(0, cycles=fetches[0] + first)   # sharing the channel with the stream's refills
+        tensor_free = act_free = 0.0
+        pending = None      # the last epilogue's store, timed once the next step has run
+        for i in range(count):
+            refill = i + 1 < count and trail[i + 1] > 0
+            chunks, k0, k1, last = steps[i][2], steps[i][5], steps[i][6], steps[i][7]
+            # A K tile's time shared among its chunks' matmuls in proportion to their columns.
+            per_tile = tensor[i] / (k1 - k0)
+            share = [per_tile * columns / sum(chunks) for columns in chunks]
+            last_cycles, last_tiles = tails[i]
+            # The `early` K tiles that the last descriptor does not carry start when their
+            # own are done (a step with no descriptors waits for none); with a refill, K tile
+            # j's matmuls wait for its j-th descriptor, the last K tile's for the last.
+            if trail[i]:
+                early, ready = k1 - k0 - 1, started[i] + trail[i]
+            else:
+                early = k1 - k0 - last_tiles if fetches[i] else 0
+                ready = fetched[i] - (last_cycles if early > 0 else 0)
+            # An engine waiting for its tiles starts with the fill.
+            t = max(tensor_free, ready + fill(i, per_tile)) if fetches[i] else tensor_free
+            began = t
+            for c, columns in enumerate(share):
+                if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
+                    t = max(t, epilogues[-2][0][c])
+                t += columns
+            if early > 0:
+                t = max(t + (early - 1) * per_tile, fetched[i]) + (k1 - k0 - early) * per_tile
+            else:
+                t += tensor[i] - per_tile
+            tensor_free = tensor_end[i] = t
+            reading.append((began, t, tensor_reads[i] / max(1.0, t - began)))
+            # The store before this step's matmuls in the DMA stream, then the next prefetch
+            # (the step's matmuls wait for neither).
+            if pending:
+                store(*pending, i)
+                pending = None
+            if i + 1 < count and not refill:
+                # Its reads share the read channel with the step's instruction fetches, spread
+                # over the step (as long as the one before it, or as throughput allows).
+                window = max(lengths[i], tensor_end[i - 1] - tensor_end[i - 2] if i >= 2 else 0)
+                shared = fetch_beats[i] if fetches[i + 1] and not conflicts else 0
+                prefetch(i + 1, cycles=fetches[i + 1] * window / (window - shared))
+            if refill:
+                # K tile j's descriptor waits for the matmuls of this step that read K tile j
+                # of the slot: it starts after the first K tile's, at the read channel's pace
+                # (shared with the step's instruction fetches, its own among them), its last
+                # after the last matmul.
+                span = _dma_step(fetches[i + 1], fetch_beats[i], 0, 0)
+                prefetch(i + 1, after=max(began + per_tile, tensor_end[i] + trail[i + 1] - span),
+                         cycles=span)
+            if last:
+                if len(epilogues) >= 2:
+                    # Through the NOP, if any: its wait, then the activation's issue.
+                    act_free = max(act_free, epilogues[-2][1] + (1 + issue if nops[i] else 0))
+                ends = _activations(chunks, per_tile, act_free - tensor_end[i], drain,
+                                    act_overhead)
+                ends = [tensor_end[i] + end for end in ends]
+                act_free = ends[-1]
+                epilogues.append((ends, None))
+                pending = (i, max(dma_free, act_free))
+        if pending:
+            dma_free = pending[1] + stores[pending[0]]
+        return dma_free
+
     # The read channel, one beat a cycle: the streams' fetches (whole bursts, each stream's
     # END and the bursts its sequencer fetches ahead of it) and the DMA's reads; after the
     # last, the last step's drain, activations and store.
     channel = HBM_READ_CYCLES + issue + word_cycles * (read_words + sum(
         (-(-(n + 1) * beats_per_word // burst_beats) + 1) * burst_beats for n in words))
     channel += finish
-    total = max(throughput, dma_free, channel)
+    total = max(throughput, latency(False), latency(True), channel)
     vectors = sum(sum(s[2]) * (s[6] - s[5]) for s in steps)
     # The hardware counts rows x r x cols per vector: K rounded up to whole rows.
     return Estimate(m=m, k=k, n=n, dtype=dtype, cycles=round(total), tensor_busy=vectors,
