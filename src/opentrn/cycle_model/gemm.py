@@ -153,8 +153,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     largest of the tensor engine's time, the DMA's for the descriptors that overlap it and
     the read channel's beats of its instructions, plus the first prefetch and the last
     step's drain, activations and store), their latency (the engines in program order with
-    the kernel's waits, an idle tensor engine starting with its fill) and the AXI read
-    channel's time (every instruction fetch and HBM read, a beat a cycle). Each DMA
+    the kernel's waits, an idle tensor engine starting with its fill; followed a second time
+    with each store slowed by the matmuls' SBUF reads beside it, :func:`_store_end`) and the
+    AXI read channel's time (every instruction fetch and HBM read, a beat a cycle). Each DMA
     descriptor costs, row by row, the words of the row's slower side, each row counted from
     its own addresses as the DMA walks it; the DMA's reads share the read channel with the
     instruction fetches, its stores the SBUF's read port with the tensor unit
