@@ -7,9 +7,11 @@
    benchmark's shapes, then ``--shapes`` seeded random shapes per preset and format (K = 1,
    K much larger than M and N, sizes just past a tile, a PSUM bank or the SBUF's K tiles,
    and log-uniform ones); and ``--trainium-shapes`` random shapes per format on ``trn3``
-   with the one DMA engine the RTL builds; ``--bus-widths 4,16,32,64``: ``--shapes`` random
-   int8 shapes on ``tiny`` with each of those buses (and an HBM that does not limit it, so
-   that the exact model follows the configuration). Beside them, what ``opentrn project``
+   with the one DMA engine the RTL builds, and ``--large-trainium-shapes`` there with M, K
+   and N from 512 to 4096 (where ``opentrn project`` takes the fast path's count);
+   ``--bus-widths 4,16,32,64``: ``--shapes`` random int8 shapes on ``tiny`` with each of
+   those buses (and an HBM that does not limit it, so that the exact model follows the
+   configuration). Beside them, what ``opentrn project``
    reports for one core (the exact model's cycles where it follows the configuration and the kernel
    is short, else the fast path's: ``projection.EXACT_MAX_CYCLES``). ``--full-size 4096``:
    the same at S^3 on that ``trn3`` in BF16, FP8 and MXFP8 (minutes each: the program is
@@ -20,7 +22,8 @@
    core; a sweep of 1,000 configurations.
 
     python benchmarks/cycle_model_accuracy.py [--presets tiny,small] [--random 40]
-        [--shapes 300] [--trainium-shapes 0] [--bus-widths W[,W...]] [--full-size S[,S...]]
+        [--shapes 300] [--trainium-shapes 0] [--large-trainium-shapes 0]
+        [--bus-widths W[,W...]] [--full-size S[,S...]]
         [--full-size-formats F[,F...]] [--one-slot] [--skip-rtl] [--json]
 
 Markdown tables on stdout (docs/performance.md), progress on stderr.
@@ -131,6 +134,27 @@ def trainium_accuracy(count):
             shape = (spread(64, 2048), k, spread(64, 2048))
             rows.append(compare(cfg, "trn3, dma_engines=1", dtype, shape, "random", rng))
         log(f"fast path trn3 (one DMA engine) {dtype}: {count} shapes")
+    return rows
+
+
+def large_trainium_accuracy(count):
+    """The fast path against predict() where ``opentrn project`` takes the fast path's count
+    (above ``projection.EXACT_MAX_CYCLES``): ``count`` random shapes per format on ``trn3``
+    with one DMA engine, M, K and N log-uniform from 512 to 4096 (10^5 to 10^7 cycles;
+    seconds of ``predict`` each)."""
+    cfg = config.resolve("trn3", overrides=["dma_engines=1"])
+    rng = np.random.default_rng(13)
+    rows = []
+
+    def spread():
+        return int(np.exp(rng.uniform(np.log(512), np.log(4096))))
+
+    for dtype in ("bf16", "fp8e4m3", "mxfp8e4m3"):
+        for _ in range(count):
+            shape = (spread(), spread(), spread())
+            rows.append(compare(cfg, "trn3, dma_engines=1, 512 to 4096", dtype, shape,
+                                "random", rng))
+        log(f"fast path trn3 (one DMA engine), M, K, N 512 to 4096, {dtype}: {count} shapes")
     return rows
 
 
@@ -283,6 +307,19 @@ def full_size_formats(text):
     return values
 
 
+def count(flag):
+    """An option's count of shapes: a non-negative integer, checked before anything runs."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be a non-negative integer")
+        return value
+    return parse
+
+
 def widths(text):
     """``--bus-widths``: comma-separated bus widths that ``tiny`` takes, checked before
     anything runs."""
@@ -306,8 +343,12 @@ def main():
     parser.add_argument("--sim", default="verilator")
     parser.add_argument("--shapes", type=int, default=300,
                         help="random GEMM shapes per preset and format for the fast path")
-    parser.add_argument("--trainium-shapes", type=int, default=0,
+    parser.add_argument("--trainium-shapes", type=count("--trainium-shapes"), default=0,
                         help="random GEMM shapes per format on trn3 with one DMA engine")
+    parser.add_argument("--large-trainium-shapes", type=count("--large-trainium-shapes"),
+                        default=0,
+                        help="random GEMM shapes per format on trn3 with one DMA engine, "
+                             "M, K, N 512 to 4096 (seconds of predict each)")
     parser.add_argument("--bus-widths", type=widths, default=[],
                         help="comma-separated bus widths: random int8 shapes on tiny with each")
     parser.add_argument("--full-size", type=sizes, default=[],
@@ -343,6 +384,7 @@ def main():
             })
     result["fast_path"] = (fast_path_accuracy(presets, args.shapes)
                            + trainium_accuracy(args.trainium_shapes)
+                           + large_trainium_accuracy(args.large_trainium_shapes)
                            + bus_width_accuracy(args.bus_widths, args.shapes))
     result["fast_path_summary"] = fast_path_summary(result["fast_path"])
     if args.full_size:
