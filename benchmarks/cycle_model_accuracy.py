@@ -138,10 +138,10 @@ def trainium_accuracy(count):
 
 
 def large_trainium_accuracy(count):
-    """The fast path against predict() where ``opentrn project`` takes the fast path's count
-    (above ``projection.EXACT_MAX_CYCLES``): ``count`` random shapes per format on ``trn3``
-    with one DMA engine, M, K and N log-uniform from 512 to 4096 (10^5 to 10^7 cycles;
-    seconds of ``predict`` each)."""
+    """The fast path against predict() where ``opentrn project`` mostly takes the fast
+    path's count (above ``projection.EXACT_MAX_CYCLES``): ``count`` random shapes per format
+    on ``trn3`` with one DMA engine, M, K and N log-uniform from 512 to 4096 (about 4 x 10^4
+    to 2 x 10^6 cycles; seconds of ``predict`` each)."""
     cfg = config.resolve("trn3", overrides=["dma_engines=1"])
     rng = np.random.default_rng(13)
     rows = []
