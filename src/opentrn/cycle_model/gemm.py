@@ -2,6 +2,7 @@
 
 import functools
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -509,7 +510,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         started = [0.0] * count     # when each step's prefetch starts
         moving_users = []           # the steps that fetched a moving block, in order
         epilogues = []              # (each chunk's activation end, store end)
-        reading = []                # each step's matmuls: (start, end, SBUF reads a cycle)
+        reading = deque(maxlen=2)   # the last two steps' matmuls: (start, end, reads a cycle)
         dma_free = start
 
         def prefetch(i, after=0.0, cycles=None):
@@ -531,7 +532,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             would follow the store in the DMA stream)."""
             nonlocal dma_free
             if conflicts:
-                runs = reading[-2:]
+                runs = list(reading)
                 if i + 1 < count and not fetches[i + 1]:
                     runs.append((reading[-1][1], reading[-1][1] + tensor[i + 1],
                                  tensor_reads[i + 1] / tensor[i + 1]))
