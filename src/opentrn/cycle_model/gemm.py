@@ -572,8 +572,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                 t += tensor[i] - per_tile
             tensor_free = tensor_end[i] = t
             reading.append((began, t, tensor_reads[i] / max(1.0, t - began)))
-            # The store before this step's matmuls in the DMA stream, then the next prefetch
-            # (the step's matmuls wait for neither).
+            # The last epilogue's store, then the next prefetch, in the DMA stream's order:
+            # this step's matmuls wait for neither, so they are placed first and the store
+            # is timed beside them.
             if pending:
                 store(*pending, i)
                 pending = None
