@@ -510,7 +510,8 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         started = [0.0] * count     # when each step's prefetch starts
         moving_users = []           # the steps that fetched a moving block, in order
         epilogues = []              # (each chunk's activation end, store end)
-        reading = deque(maxlen=2)   # the last two steps' matmuls: (start, end, reads a cycle)
+        reading = deque(maxlen=2)   # with conflicts, the last two steps' matmuls: (start,
+                                    # end, SBUF reads a cycle)
         dma_free = start
 
         def prefetch(i, after=0.0, cycles=None):
@@ -571,7 +572,8 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             else:
                 t += tensor[i] - per_tile
             tensor_free = tensor_end[i] = t
-            reading.append((began, t, tensor_reads[i] / max(1.0, t - began)))
+            if conflicts:
+                reading.append((began, t, tensor_reads[i] / max(1.0, t - began)))
             # The last epilogue's store, then the next prefetch, in the DMA stream's order:
             # this step's matmuls wait for neither, so they are placed first and the store
             # is timed beside them.
@@ -603,7 +605,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                 epilogues.append((ends, None))
                 pending = (i, max(dma_free, act_free))
         if pending:
-            dma_free = pending[1] + stores[pending[0]]
+            store(*pending, count - 1)    # after every matmul: none slows it
         return dma_free
 
     # The read channel, one beat a cycle: the streams' fetches (whole bursts, each stream's
