@@ -587,10 +587,10 @@ def test_fast_path_refill_descriptors_are_fetched_behind_the_step_before(shape):
 
 
 def test_store_end_loses_the_sbuf_read_port_to_the_matmuls():
-    """``gemm._store_end``: a store's SBUF reads go at one word a cycle, less the tensor
+    """``dma.shared_end``: a store's SBUF reads go at one word a cycle, less the tensor
     engine's reads while its matmuls run, and at least every other cycle (the port's
     round-robin)."""
-    store_end = importlib.import_module("opentrn.cycle_model.gemm")._store_end
+    store_end = importlib.import_module("opentrn.cycle_model.dma").shared_end
     assert store_end(10, 100, []) == 110
     # 40 cycles at 3 words in 4 (30 words), then 70 alone.
     assert store_end(0, 100, [(0, 40, 0.25)]) == 110

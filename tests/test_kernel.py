@@ -1057,6 +1057,57 @@ def test_race_checker_catches_missing_waits(fmt):
             f"waits of engine {engine.name} removed, no seed noticed"
 
 
+def test_first_fetch_k_tiles_cuts_where_a_k_tile_outweighs_its_descriptors():
+    """``schedule.first_fetch_k_tiles``: K tiles of a few bus words stay in one piece (each
+    piece costs its descriptors' start-up and instruction fetches, more than a tile's
+    words); K tiles of 128 rows of hundreds of bytes come one at a time, where the
+    matmuls of one take as long as the next one's fetch or less."""
+    assert schedule.first_fetch_k_tiles(TINY, kts=4, rows=4, columns=[16, 16], element=1,
+                                        width=16, chunks=1) == 4
+    trn3 = config.preset("trn3").replace(dma_engines=1)
+    assert schedule.first_fetch_k_tiles(trn3, kts=8, rows=128, columns=[512, 512],
+                                        element=4, scale_rows=4, groups=4, width=512,
+                                        chunks=1) == 1
+    # Past the first, a piece of MX scales starts a group's byte range, or is one K tile.
+    sizes = {kts: schedule.first_fetch_k_tiles(TINY, kts=kts, rows=4, columns=[16, 16],
+                                               element=1, scale_rows=1, groups=4, width=16,
+                                               chunks=1) for kts in range(1, 80)}
+    assert all(size in (1, kts) or size % 4 == 0 for kts, size in sizes.items()), sizes
+    assert any(1 < size < kts for kts, size in sizes.items()), sizes
+
+
+def test_gemm_first_step_tiles_come_in_pieces():
+    """int8 32x256x32 on tiny: the first step's 64 K tiles come in pieces of
+    ``schedule.gemm_first_fetch_k_tiles`` K tiles, each piece's stationary tiles then its
+    moving block, so that the first load waits for the first descriptor and the first
+    matmul for the second, not for the whole step's tiles. Bit-exact on the golden machine
+    and race-free."""
+    cfg, (M, K, N) = TINY, (32, 256, 32)
+    tiling = schedule.gemm_tiling(cfg, M, K, N, "int8")
+    width, kts, mb, _ = tiling
+    size = schedule.gemm_first_fetch_k_tiles(cfg, M, K, N, "int8", tiling)
+    assert 1 < size < kts, (size, tiling)
+    rng = np.random.default_rng(5)
+    a, b = (kernels.random_inputs(rng, shape, "int8") for shape in ((M, K), (K, N)))
+    program, expected = kernels.gemm(cfg, a.T.copy(), b)
+    streams = RaceChecker(program, 0).streams
+    R, P = cfg.pe_rows, cfg.pe_cols
+    a_addr, b_addr = program.inputs["a_t"][0], program.inputs["b"][0]
+    pieces = range(0, kts, size)
+    expected_fetches = [(base + kt * R * pitch, min(size, kts - kt))
+                        for kt in pieces for base, pitch in ((a_addr, M), (b_addr, N))]
+    fetches = [(f["src_addr"], f["n2"]) for _, f in streams[isa.Engine.DMA][:2 * len(pieces)]]
+    assert fetches == expected_fetches
+    assert streams[isa.Engine.DMA][0][1]["n0"] == min(M, mb * P)
+    assert streams[isa.Engine.DMA][1][1]["n0"] == min(N, width)
+    (load, first_load), (matmul, first_matmul) = streams[isa.Engine.TENSOR][:2]
+    assert (load, matmul) == (isa.Opcode.LOAD_STATIONARY, isa.Opcode.MATMUL)
+    assert (first_load["wait_sem"], first_load["wait_value"]) == (isa.Engine.DMA, 1)
+    assert (first_matmul["wait_sem"], first_matmul["wait_value"]) == (isa.Engine.DMA, 2)
+    _check_golden(program, expected)
+    _race_free(program, expected, seeds=3)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "bf16", "mxfp8e4m3"])
 def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
     """32x256x64 on tiny (MXFP8 32x384x64: four K tiles' scales share a byte range, so
@@ -1080,12 +1131,14 @@ def test_gemm_with_one_moving_slot_refilled_a_k_tile_at_a_time(fmt):
                                kernels.random_scales(rng, K, N))} if mx else {})
     program, expected = kernels.gemm(cfg, a.T.copy(), b, **extra)
     blocks = -(-N // width)             # MXFP8: 24 columns, the last block 16
-    # One descriptor for the first block's moving data, one per K tile for each later one.
+    # The first block's moving data in the first step's pieces of K tiles, then one
+    # descriptor per K tile for each later block.
+    size = schedule.gemm_first_fetch_k_tiles(cfg, M, K, N, fmt, (width, kts, mb, buffers))
     addr, shape, _ = program.inputs["b"]
     moving_fetches = sum(1 for op, f in RaceChecker(program, 0).streams[isa.Engine.DMA]
                          if op == isa.Opcode.DMA and f["src_space"] == 0
                          and addr <= f["src_addr"] < addr + shape[0] * shape[1] * e)
-    assert moving_fetches == 1 + (blocks - 1) * kts
+    assert moving_fetches == -(-kts // size) + (blocks - 1) * kts
     a_columns = _a_columns_fetched(M, cfg.pe_cols, mb, blocks)
     scale_bytes = (numerics.mx_blocks(cfg) * (K // rate // cfg.pe_rows) * (a_columns + N)
                    if mx else 0)
@@ -1202,8 +1255,12 @@ def test_gemm_128_cubed_builds_fast_with_the_planned_schedule_and_is_exact():
     # Per block of 32 columns: the moving block, the stationary tiles of 2 M tiles per
     # descriptor (16: an M tile's row is 4 bytes, half a bus word; the first two of the
     # last three blocks are the block before's last two, still in their slots), one store
-    # per M tile (32): few, large descriptors.
-    assert counts["dma"] == {"DMA": 4 * (1 + 16 + 32) - 3 * 2, "END": 1}
+    # per M tile (32): few, large descriptors. The first step's tiles come in pieces of K
+    # tiles, a stationary and a moving descriptor each (schedule.first_fetch_k_tiles).
+    size = schedule.gemm_first_fetch_k_tiles(TINY, 128, 128, 128, "int8",
+                                             schedule.gemm_tiling(TINY, 128, 128, 128, "int8"))
+    assert counts["dma"] == {"DMA": 4 * (1 + 16 + 32) - 3 * 2 + 2 * (-(-32 // size) - 1),
+                             "END": 1}
     # Waits are placed only where needed: the DMA and the tensor engine need no NOP.
     assert "NOP" not in counts["tensor"] and "NOP" not in counts["dma"]
     assert program.macs == 128 ** 3

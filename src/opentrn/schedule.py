@@ -15,9 +15,10 @@ from opentrn import isa, numerics
 from opentrn.golden import tensor_engine
 from opentrn.kernel import Kernel, KernelError, Pattern, SbufTile, Tensor
 
-__all__ = ["MAX_M_BLOCK", "TIMED_GAIN", "TIMED_STEPS", "TIMED_TILINGS", "Layer", "Step",
-           "Schedule", "gemm_tiling", "gemm_tilings", "m_tile_order", "schedule_shape",
-           "stationary_slot", "timed_gemm_tiling", "tiling_cost", "tilings"]
+__all__ = ["FETCH_SHARE", "MAX_M_BLOCK", "TIMED_GAIN", "TIMED_STEPS", "TIMED_TILINGS", "Layer",
+           "Step", "Schedule", "first_fetch_k_tiles", "first_step", "gemm_first_fetch_k_tiles",
+           "gemm_tiling", "gemm_tilings", "m_tile_order", "schedule_shape", "stationary_slot",
+           "timed_gemm_tiling", "tiling_cost", "tilings"]
 
 #: The most M tiles whose stationary data one DMA descriptor fetches.
 MAX_M_BLOCK = 4
@@ -142,7 +143,8 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
     tensor = m_tiles * k_tiles * (
         (columns // width) * max(width, fresh_tile)
         + (max(columns % width, fresh_tile) if columns % width else 0))
-    # The first step waits for its tiles: all of its K tiles, stationary and moving.
+    # The first step waits for its tiles: all of its K tiles, stationary and moving (the
+    # schedule may bring them in pieces, first_fetch_k_tiles; this rough count does not).
     tensor += kts * K * element * (P + (block if moving_from_hbm else 0)) / bandwidth
     if moving_buffers == 1 and blocks > 1:
         refill = (DMA_READ_OVERHEAD * with_scales + (
@@ -151,6 +153,111 @@ def tiling_cost(cfg, *, columns, k_tiles, m_tiles, width, kts, element, mx,
         tensor += (blocks - 1) * max(refill, k_tiles * (refill - per_k_tile))
     dma = (hbm + fetch) / bandwidth + descriptors * DMA_READ_OVERHEAD
     return max(tensor, dma), hbm, dma >= tensor
+
+
+def first_fetch_k_tiles(cfg, *, kts, rows, columns, element, scale_rows=0, groups=1,
+                        width, chunks, then=(0, ())):
+    """K tiles per descriptor of the first step's prefetch (:meth:`Schedule.run`): the
+    step's ``kts`` K tiles come in pieces, each piece's stationary tiles then its moving
+    block, so that its matmuls start when the first piece is in rather than all of them.
+    Each piece costs its descriptors' start-up and instruction fetches: the size whose
+    first step is done soonest by a rough count, the largest such. A K tile: the DMA's
+    words of ``rows`` rows of each fetched operand's ``columns``, ``element`` bytes a
+    column, and ``scale_rows`` rows of their MX scales, a byte a column; the tensor
+    engine's cycles of ``width`` columns in ``chunks`` matmuls. Done: its matmuls, and the
+    DMA stream through the next step's prefetch (``then``: its K tiles and its operands'
+    columns), which the stream runs next; each piece after the first counted again for the
+    delay its start-up adds to the stream."""
+    from opentrn.cycle_model.dma import DMA_READ_OVERHEAD, dma_bytes_per_cycle
+    W = cfg.dma_bus_bytes
+    word_cycles = W / dma_bytes_per_cycle(cfg)
+    # A K tile: a load and its matmuls, each at least the sequencer's cycles to issue it.
+    issue = isa.WORD_BYTES // min(W, isa.WORD_BYTES) + 2
+    per_tile = max(width, tensor_engine.issue_interval(cfg, 1, fresh=True),
+                   (1 + chunks) * issue)
+
+    def fetch(k_tiles, columns):
+        """DMA cycles of ``k_tiles`` K tiles of operands of ``columns``: each descriptor its
+        start-up and its two instruction words over the read channel, and the words."""
+        descriptors = len(columns) * (2 if scale_rows else 1)
+        return word_cycles * (k_tiles * sum(rows * -(-(c * element) // W)
+                                            + (scale_rows * -(-c // W) if scale_rows else 0)
+                                            for c in columns)
+                              + 2 * descriptors * isa.WORD_BYTES / W) \
+            + descriptors * DMA_READ_OVERHEAD
+
+    start_up = fetch(0, columns)
+    tile_cycles = fetch(1, columns) - start_up
+    following = fetch(*then) if then[1] else 0.0
+    # While the matmuls run, their instruction fetches share the DMA's read channel.
+    fetching = (1 + chunks) * (isa.WORD_BYTES // min(W, isa.WORD_BYTES)) * word_cycles / per_tile
+
+    def finish(size):
+        pieces = [(start_up + min(size, kts - kt) * tile_cycles, min(size, kts - kt))
+                  for kt in range(0, kts, size)]
+        _, _, end, dma = first_step(pieces, 0.0, 0.0, per_tile, fetching, following)
+        return max(end, dma) + (len(pieces) - 1) * start_up
+
+    # A piece's MX scales start a byte range of the scale slot (Schedule._scale_rows): one
+    # K tile, or a whole number of groups.
+    return min((size for size in range(kts, 0, -1)
+                if size in (1, kts) or size % groups == 0), key=finish)
+
+
+#: The most of the read channel the tensor sequencer's instruction fetches take from the
+#: DMA's reads while the matmuls run (:func:`first_step`): the channel takes turns by burst
+#: and a fetch's burst is longer than most rows'. Measured against ``cycle_model.predict``
+#: (docs/performance.md, "The first step in pieces"): on 335 GEMMs of tiny and small 0.5,
+#: 0.6 and 1.0 leave 7, 1 and 2 outside the fast path's bounds.
+FETCH_SHARE = 0.6
+
+
+def first_step(pieces, lead, fill, per_tile, fetching, following=0.0):
+    """The first step when its prefetch comes in ``pieces`` (each piece's DMA cycles and K
+    tiles), from the DMA's start, ``lead`` cycles of the streams' refills before the first:
+    ``(the prefetch's end, the matmuls' start, their end, the end of the ``following``
+    cycles of DMA after it)``. Each piece's matmuls (``per_tile`` cycles a K tile) run as
+    soon as it is in and the ones before are done, the first after the engine's ``fill``;
+    while they run, the tensor sequencer's instruction fetches (``fetching`` of each cycle,
+    at most :data:`FETCH_SHARE`) share the read channel with the DMA's reads after the
+    first piece."""
+    from opentrn.cycle_model.dma import shared_end
+    arrived, running = lead, []
+    began = end = 0.0
+    for index, (cycles, tiles) in enumerate(pieces):
+        arrived = shared_end(arrived, cycles, running, most=FETCH_SHARE)
+        begin = arrived + fill if index == 0 else max(end, arrived)
+        began = begin if index == 0 else began
+        end = begin + tiles * per_tile
+        running.append((begin, end, fetching))
+    return arrived, began, end, shared_end(arrived, following, running, most=FETCH_SHARE)
+
+
+def gemm_first_fetch_k_tiles(cfg, m, k, n, dtype, tiling):
+    """:func:`first_fetch_k_tiles` of the first step of ``opentrn.kernels.gemm`` (``C[m, n] =
+    A[m, k] @ B[k, n]`` in ``dtype``) with ``tiling``, one of :func:`gemm_tilings`."""
+    width, kts, mb, _ = tiling
+    P = cfg.pe_cols
+    k_rows = -(-k // cfg.macs_per_pe_cycle(dtype))
+    k_tiles = -(-k_rows // cfg.pe_rows)
+    m_tiles = -(-m // P)
+    mx = numerics.data_format(dtype).mx
+    w = min(width, n)
+    # The second step (Schedule.steps): the next part of K, else the next M tile, else
+    # the next block (its M tiles backwards: with one M tile, M tile 0); what it fetches.
+    then = (0, ())
+    if kts < k_tiles:
+        then = (min(kts, k_tiles - kts), (min(mb * P, m), w))
+    elif m_tiles > 1:
+        then = (k_tiles, (min(mb * P, m - mb * P),) if mb == 1 else ())
+    elif n > width:
+        then = (k_tiles, (min(width, n - width),))
+    return first_fetch_k_tiles(
+        cfg, kts=min(kts, k_tiles), rows=cfg.pe_rows, columns=[min(mb * P, m), w],
+        element=numerics.column_bytes(cfg, dtype),
+        scale_rows=numerics.mx_blocks(cfg) if mx else 0,
+        groups=scale_groups(cfg) if mx else 1, width=w, chunks=-(-w // cfg.moving_max),
+        then=then)
 
 
 def m_tile_order(m_tiles, block):
@@ -452,7 +559,8 @@ class Schedule:
         slot, a new block's moving data right after the compute of the step before it)."""
         steps = list(steps)
         if steps:
-            self._prefetch(steps[0])
+            self._prefetch(steps[0], k_tiles=self._first_fetch_k_tiles(
+                steps[0], steps[1] if len(steps) > 1 else None))
         for i, step in enumerate(steps):
             following = steps[i + 1] if i + 1 < len(steps) else None
             refill = (following is not None and self.rolling
@@ -500,9 +608,48 @@ class Schedule:
         self._rows_3d(tensor, kt0 * Bt, kt1 * Bt, c0, cols, tile, column_bytes, Bt * G,
                       at=(first // G) * column_bytes, partition=(first % G) * Bt)
 
-    def _prefetch(self, step):
-        self._fetch_moving(step)
-        self._fetch_stationary(step)
+    def _first_fetch_k_tiles(self, step, following):
+        """:func:`first_fetch_k_tiles` of the first step, ``following`` the one after it (or
+        ``None``)."""
+        layer = step.layer
+        mb = self.m_block
+
+        def stationary(step):
+            m0 = (step.mt // mb) * mb * self.P
+            return min(mb * self.P, step.layer.M - m0)
+
+        columns = [stationary(step)] + ([step.width] if layer.moving is not None else [])
+        then = (0, ())
+        if following is not None:
+            fetched = []
+            if (id(following.layer), following.mt // mb, following.kt0) != (
+                    id(layer), step.mt // mb, step.kt0):
+                fetched.append(stationary(following))
+            if (following.layer.moving is not None
+                    and self._moving_key(following) != self._moving_key(step)):
+                fetched.append(following.width)
+            then = (following.kt1 - following.kt0, tuple(fetched))
+        return first_fetch_k_tiles(
+            self.cfg, kts=step.kt1 - step.kt0, rows=layer.kt_rows, columns=columns,
+            element=self.element, scale_rows=layer.scale_rows if layer.mx else 0,
+            groups=self.scale_groups, width=step.width, chunks=len(self._chunks(step.width)),
+            then=then)
+
+    def _prefetch(self, step, k_tiles=None):
+        """The tiles of ``step``: its moving block, then its stationary tiles; or, in pieces
+        of ``k_tiles`` K tiles, each piece's stationary tiles then its moving block (the first
+        step's, :func:`first_fetch_k_tiles`), so that its matmuls start on the first piece."""
+        moving, stationary = self._moving_slot(step), self._stationary_slot(step)
+        kt = step.kt1 - step.kt0
+        size = min(kt, k_tiles or kt)
+        if size == kt and moving is not None:
+            self._fetch_moving_tiles(step, moving, step.kt0, step.kt1)
+        for kt0 in range(step.kt0, step.kt1, size):
+            kt1 = min(step.kt1, kt0 + size)
+            if stationary is not None:
+                self._fetch_stationary_tiles(step, stationary, kt0, kt1)
+            if moving is not None and size < kt:
+                self._fetch_moving_tiles(step, moving, kt0, kt1)
 
     @staticmethod
     def _moving_key(step):
@@ -512,56 +659,83 @@ class Schedule:
         """The moving block of ``step`` into the next moving slot, unless it is there: one
         descriptor for its K tiles, or (``per_k_tile``) one per K tile, so that each waits
         only for the matmuls that read that K tile of the slot."""
+        slot = self._moving_slot(step)
+        if slot is not None:
+            size = 1 if per_k_tile else step.kt1 - step.kt0
+            for kt0 in range(step.kt0, step.kt1, size):
+                self._fetch_moving_tiles(step, slot, kt0, min(step.kt1, kt0 + size))
+
+    def _moving_slot(self, step):
+        """Give ``step`` its moving block's slot: ``(tile, scale tile)`` to fetch it into, or
+        ``None`` when the slot holds it already or it is resident."""
         layer = step.layer
-        R = layer.kt_rows
         if layer.moving is None:
             step.moving = (layer.resident[step.block % len(layer.resident)],
                            step.kt0 * self.b_stride)
             step.moving_scales = layer.resident_scales
-            return
+            return None
         key = self._moving_key(step)
+        slot = None
         if key != self.b_key:
-            tile = self.b_slots[self.b_count % len(self.b_slots)]
-            scale_tile = (self.b_scale_slots[self.b_count % len(self.b_slots)]
-                          if layer.mx else None)
+            index = self.b_count % len(self.b_slots)
+            self.b_tile = self.b_slots[index]
+            self.b_scale_tile = self.b_scale_slots[index] if layer.mx else None
             self.b_count += 1
             self.b_key = key
-            parts = ([(kt, kt + 1) for kt in range(step.kt0, step.kt1)] if per_k_tile
-                     else [(step.kt0, step.kt1)])
-            for kt0, kt1 in parts:
-                self._rows_3d(layer.moving, kt0 * R, min(layer.K, kt1 * R),
-                              step.n0 * layer.rate, step.width * layer.rate, tile,
-                              self.b_stride, R, at=(kt0 - step.kt0) * self.b_stride)
-                if layer.mx:
-                    self._scale_rows(layer.moving_scales, kt0, kt1, kt0 - step.kt0,
-                                     step.n0, step.width, scale_tile, self.width,
-                                     layer.scale_rows)
-            self.b_tile, self.b_scale_tile = tile, scale_tile
+            slot = (self.b_tile, self.b_scale_tile)
         step.moving = (self.b_tile, 0)
         if layer.mx:
             step.moving_scales = self.b_scale_tile
+        return slot
 
-    def _fetch_stationary(self, step):
+    def _fetch_moving_tiles(self, step, slot, kt0, kt1):
+        """K tiles ``kt0 .. kt1 - 1`` of ``step``'s moving block (and MX scales) into
+        ``slot``."""
         layer = step.layer
         R = layer.kt_rows
-        r0, r1 = step.kt0 * R, min(layer.K, step.kt1 * R)
+        tile, scale_tile = slot
+        self._rows_3d(layer.moving, kt0 * R, min(layer.K, kt1 * R), step.n0 * layer.rate,
+                      step.width * layer.rate, tile, self.b_stride, R,
+                      at=(kt0 - step.kt0) * self.b_stride)
+        if layer.mx:
+            self._scale_rows(layer.moving_scales, kt0, kt1, kt0 - step.kt0, step.n0,
+                             step.width, scale_tile, self.width, layer.scale_rows)
+
+    def _fetch_stationary(self, step):
+        slot = self._stationary_slot(step)
+        if slot is not None:
+            self._fetch_stationary_tiles(step, slot, step.kt0, step.kt1)
+
+    def _stationary_slot(self, step):
+        """Give ``step`` its stationary tiles' slot: its index to fetch them into, or
+        ``None`` when a slot holds them already."""
+        layer = step.layer
         mb = self.m_block
         # The same tiles of A serve every block: a slot that holds them is used again.
         key = (id(layer), step.mt // mb, step.kt0)
         slot = stationary_slot(self.a_keys, key, self.a_current)
-        if self.a_keys[slot] != key:
-            self.a_keys[slot] = key
-            m0 = (step.mt // mb) * mb * self.P
-            cols = min(mb * self.P, layer.M - m0)
-            self._rows_3d(layer.a, r0, r1, m0 * layer.rate, cols * layer.rate,
-                          self.a_slots[slot], self.a_stride, R)
-            if layer.mx:
-                self._scale_rows(layer.a_scales, step.kt0, step.kt1, 0, m0, cols,
-                                 self.a_scale_slots[slot], mb * self.P, layer.scale_rows)
+        fetch = self.a_keys[slot] != key
+        self.a_keys[slot] = key
         self.a_current = slot
         step.a_slot = (self.a_slots[slot], (step.mt % mb) * self.P * self.element)
         if layer.mx:
             step.a_scales = (self.a_scale_slots[slot], (step.mt % mb) * self.P)
+        return slot if fetch else None
+
+    def _fetch_stationary_tiles(self, step, slot, kt0, kt1):
+        """K tiles ``kt0 .. kt1 - 1`` of the stationary tiles of ``step``'s ``m_block`` M
+        tiles (and MX scales) into stationary slot ``slot``."""
+        layer = step.layer
+        R = layer.kt_rows
+        mb = self.m_block
+        m0 = (step.mt // mb) * mb * self.P
+        cols = min(mb * self.P, layer.M - m0)
+        self._rows_3d(layer.a, kt0 * R, min(layer.K, kt1 * R), m0 * layer.rate,
+                      cols * layer.rate, self.a_slots[slot], self.a_stride, R,
+                      at=(kt0 - step.kt0) * self.a_stride)
+        if layer.mx:
+            self._scale_rows(layer.a_scales, kt0, kt1, kt0 - step.kt0, m0, cols,
+                             self.a_scale_slots[slot], mb * self.P, layer.scale_rows)
 
     def _chunks(self, width):
         return [(c0, min(self.chunk, width - c0)) for c0 in range(0, width, self.chunk)]

@@ -28,6 +28,31 @@ def dma_bytes_per_cycle(config):
                config.hbm_bytes_per_s / config.cores_per_chip / config.clock_hz)
 
 
+def shared_end(start, words, reading, most=0.5):
+    """The end of ``words`` cycles of DMA work from ``start`` that loses a port to the
+    tensor engine's work beside it (``reading``: (start, end, the share of each cycle it
+    takes), in order; at most ``most`` of each cycle): a store's SBUF reads lose the SBUF's
+    read port to the tensor unit's column reads (the port's round-robin leaves the store
+    every other cycle), a fetch's HBM reads the AXI read channel to the tensor sequencer's
+    instruction fetches (the channel takes turns by burst, and a fetch's burst is longer
+    than a row's)."""
+    t, left = start, float(words)
+    for begin, end, rate in reading:
+        if end <= t:
+            continue
+        if t < begin:
+            if left <= begin - t:
+                return t + left
+            left -= begin - t
+            t = begin
+        pace = 1.0 - min(rate, most)
+        if left <= (end - t) * pace:
+            return t + left / pace
+        left -= (end - t) * pace
+        t = end
+    return t + left
+
+
 class _DmaEngine:
     """hdl/dma_unit.py and hdl/dma.py: the descriptor queue, and one descriptor at a time
     walked on both sides through the realignment buffer."""

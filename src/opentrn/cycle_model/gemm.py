@@ -17,7 +17,7 @@ from opentrn.isa import Engine
 
 from .activation_unit import activate_overhead
 from .axi4_memory import HBM_READ_CYCLES
-from .dma import DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD, dma_bytes_per_cycle
+from .dma import DMA_READ_OVERHEAD, DMA_WRITE_OVERHEAD, dma_bytes_per_cycle, shared_end
 
 
 @dataclass(frozen=True)
@@ -104,27 +104,6 @@ def _dma_step(reads, fetches, writes, tensor_reads, floor=0.0, overhead=0.0):
     return high
 
 
-def _store_end(start, words, reading):
-    """The end of a store of ``words`` cycles from ``start`` whose SBUF reads lose the read
-    port to the tensor engine's (``reading``: (start, end, reads a cycle), in order; the
-    port's round-robin leaves the store at least every other cycle)."""
-    t, left = start, float(words)
-    for begin, end, rate in reading:
-        if end <= t:
-            continue
-        if t < begin:
-            if left <= begin - t:
-                return t + left
-            left -= begin - t
-            t = begin
-        pace = 1.0 - min(rate, 0.5)
-        if left <= (end - t) * pace:
-            return t + left / pace
-        left -= (end - t) * pace
-        t = end
-    return t + left
-
-
 def _activations(chunks, per_tile, free, drain, overhead):
     """The end of each chunk's activation after a step's matmuls end (at 0), one
     activation per chunk (PSUM bank), each from ``free`` (the activation engine's) or when
@@ -155,7 +134,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     the read channel's beats of its instructions, plus the first prefetch and the last
     step's drain, activations and store), their latency (the engines in program order with
     the kernel's waits, an idle tensor engine starting with its fill; followed a second time
-    with each store slowed by the matmuls' SBUF reads beside it, :func:`_store_end`) and the
+    with each store slowed by the matmuls' SBUF reads beside it, ``dma.shared_end``) and the
     AXI read channel's time (every instruction fetch and HBM read, a beat a cycle). Each DMA
     descriptor costs, row by row, the words of the row's slower side, each row counted from
     its own addresses as the DMA walks it; the DMA's reads share the read channel with the
@@ -283,6 +262,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     stores = []                 # DMA cycles of each step's store (0 if none)
     acts = []                   # activation cycles of each step's epilogue
     fetch_beats = []            # cycles of the read channel the step's instructions take
+    refill_beats = []           # of them, those of the next step's rolling refill
     tensor_reads = []           # SBUF words the tensor unit reads in each step
     prefetch_descriptors = []   # DMA descriptors of each step's prefetch
     reads_of = {}               # the tensor reads of a step, by what they depend on
@@ -298,6 +278,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     # that wrote what an instruction reads), so with a partial last K tile they start a
     # descriptor early.
     tails = []
+    # The first step's prefetch in pieces of K tiles, if it is cut: (each piece's DMA
+    # cycles, its K tiles).
+    pieces = []
     b_key = None
     words = [0] * len(Engine)   # instruction words of each stream (END included)
     epilogue_count, group_fetched = 0, False
@@ -315,7 +298,24 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         new_moving.append(b_new)
         new_stationary.append(a_new)
         trail.append(0.0)
-        if b_new:                        # the moving block of these K tiles
+        m0 = (mt // mb) * mb * P
+        size = k1 - k0
+        if i == 0:
+            # The first step's tiles in pieces of K tiles (Schedule.run), each piece's
+            # stationary tiles then its moving block: the cycles to each piece's end.
+            size = schedule.gemm_first_fetch_k_tiles(config, m, k, n, dtype, tiling)
+        cut = size < k1 - k0
+        if cut:
+            for kt in range(k0, k1, size):
+                end = min(k1, kt + size)
+                piece = tile_fetch(kt * K, rows_in(kt, end), end - kt, m0, min(mb * P, m - m0),
+                                   m, mb * P, first=kt - k0)
+                piece += tile_fetch(kt * K, rows_in(kt, end), end - kt, n0, w, n, width,
+                                    first=kt - k0)
+                pieces.append((piece, end - kt))
+                cost += piece
+            b_key = (n0, k0)
+        elif b_new:                      # the moving block of these K tiles
             if buffers == 1 and b_key is not None:
                 # One moving slot: refilled a K tile at a time behind the matmuls of the
                 # step before, which wait for none of it but the last K tile's.
@@ -326,13 +326,12 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             else:
                 cost += tile_fetch(k0 * K, full_rows, k1 - k0, n0, w, n, width)
             b_key = (n0, k0)
-        if a_new:                        # the stationary tiles of mb M tiles
-            m0 = (mt // mb) * mb * P
+        if a_new and not cut:            # the stationary tiles of mb M tiles
             cost += tile_fetch(k0 * K, full_rows, k1 - k0, m0, min(mb * P, m - m0), m, mb * P)
         dma_busy += cost
         group_fetched = group_fetched or cost > 0
         fetches.append(cost)
-        tails.append(tail if cost and not trail[-1] else (0.0, 0))
+        tails.append(tail if cost and not trail[-1] and not cut else (0.0, 0))
         prefetch_descriptors.append(descriptors - descriptors_before)
         per_tile = max(sum(chunks), fresh_tile, (1 + len(chunks)) * issue)
         tensor.append((k1 - k0) * per_tile)
@@ -378,12 +377,14 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                       (len(chunks) if last else 0) + nop)
         words = [a + b for a, b in zip(words, step_words, strict=True)]
         fetch_beats.append(sum(step_words) * beats_per_word * word_cycles)
+        refill_beats.append(0.0)
         if trail[-1]:
             # A rolling refill runs behind the step before, and so do the fetches of its
             # descriptors: they share that step's read channel, not their own step's.
             moved = 2 * (descriptors - descriptors_before) * beats_per_word * word_cycles
             fetch_beats[-1] -= moved
             fetch_beats[-2] += moved
+            refill_beats[-2] = moved
 
     count = len(steps)
     # At start each sequencer fetches two bursts ahead, and the HBM answers in order: the
@@ -436,7 +437,21 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             first = max(0.0, first - DMA_READ_OVERHEAD)
     else:
         first = 0.0         # after the first prefetch's reads: the step's to share
-    throughput = fetches[0] + start + first
+    # The DMA's cycles from its start to the end of the first prefetch, and (in pieces) the
+    # first step's matmuls' start and end from there.
+    lead_in = fetches[0] + first
+    if pieces:
+        per_tile = tensor[0] / (steps[0][6] - steps[0][5])
+        # While they run, the tensor sequencer's instruction fetches share the read channel
+        # with the later pieces' reads.
+        fetching = (1 + len(steps[0][2])) * beats_per_word * word_cycles / per_tile
+        lead_in, first_began, first_end, _ = schedule.first_step(
+            pieces, first, fill(0, per_tile), per_tile, fetching)
+        # Those of the matmuls after the prefetch's end are what share the next one's reads
+        # (and a rolling refill's own, all after it).
+        fetch_beats[0] = refill_beats[0] + (fetch_beats[0] - refill_beats[0]) * min(
+            1.0, (first_end - lead_in) / tensor[0])
+    throughput = start + lead_in
     behind = 0.0        # a rolling refill's DMA cycles past the step it starts in
     channel_pair = 0.0  # the read channel's cycles of a refill's step and the next
     idle = 0.0
@@ -446,7 +461,9 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         act_side = acts[i - 1] if i else 0
         own = tensor[i]
         k_count = steps[i][6] - steps[i][5]
-        if (i == 0 or idle) and fetches[i] and not trail[i] and tails[i][1] < k_count:
+        if i == 0 and pieces:
+            own = first_end - lead_in       # past the prefetch's end
+        elif (i == 0 or idle) and fetches[i] and not trail[i] and tails[i][1] < k_count:
             # The K tiles the prefetch's last descriptor does not carry go in while it runs:
             # the first step's from the start (the engine idle until the first of them is
             # in: it starts with the fill), a later step's as far as the tensor engine waits
@@ -537,12 +554,12 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                 if i + 1 < count and not fetches[i + 1]:
                     runs.append((reading[-1][1], reading[-1][1] + tensor[i + 1],
                                  tensor_reads[i + 1] / tensor[i + 1]))
-                dma_free = _store_end(begin, stores[j], runs)
+                dma_free = shared_end(begin, stores[j], runs)
             else:
                 dma_free = begin + stores[j]
             epilogues[-1] = (epilogues[-1][0], dma_free)
 
-        prefetch(0, cycles=fetches[0] + first)   # sharing the channel with the stream's refills
+        prefetch(0, cycles=lead_in)     # sharing the channel with the stream's refills
         tensor_free = act_free = 0.0
         pending = None      # the last epilogue's store, timed once the next step has run
         for i in range(count):
@@ -562,12 +579,17 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                 ready = fetched[i] - (last_cycles if early > 0 else 0)
             # An engine waiting for its tiles starts with the fill.
             t = max(tensor_free, ready + fill(i, per_tile)) if fetches[i] else tensor_free
+            if i == 0 and pieces:
+                t = start + first_began     # when the prefetch's first piece is in
+                early = 0
             began = t
             for c, columns in enumerate(share):
                 if k0 == 0 and len(epilogues) >= 2 and c < len(epilogues[-2][0]):
                     t = max(t, epilogues[-2][0][c])
                 t += columns
-            if early > 0:
+            if i == 0 and pieces:
+                t = start + first_end
+            elif early > 0:
                 t = max(t + (early - 1) * per_tile, fetched[i]) + (k1 - k0 - early) * per_tile
             else:
                 t += tensor[i] - per_tile
