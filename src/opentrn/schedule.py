@@ -215,8 +215,8 @@ FETCH_SHARE = 0.6
 def first_step(pieces, lead, fill, per_tile, fetching, following=0.0):
     """The first step when its prefetch comes in ``pieces`` (each piece's DMA cycles and K
     tiles), from the DMA's start, ``lead`` cycles of the streams' refills before the first:
-    ``(the prefetch's end, the matmuls' start, their end, the end of the ``following``
-    cycles of DMA after it)``. Each piece's matmuls (``per_tile`` cycles a K tile) run as
+    the prefetch's end, the matmuls' start and end, and the end of ``following`` cycles of
+    DMA after the prefetch. Each piece's matmuls (``per_tile`` cycles a K tile) run as
     soon as it is in and the ones before are done, the first after the engine's ``fill``;
     while they run, the tensor sequencer's instruction fetches (``fetching`` of each cycle,
     at most :data:`FETCH_SHARE`) share the read channel with the DMA's reads after the

@@ -302,7 +302,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
         size = k1 - k0
         if i == 0:
             # The first step's tiles in pieces of K tiles (Schedule.run), each piece's
-            # stationary tiles then its moving block: the cycles to each piece's end.
+            # stationary tiles then its moving block.
             size = schedule.gemm_first_fetch_k_tiles(config, m, k, n, dtype, tiling)
         cut = size < k1 - k0
         if cut:
