@@ -555,8 +555,9 @@ class Schedule:
     # -- emission -------------------------------------------------------------------------------
 
     def run(self, steps):
-        """Emit ``steps``, each step's loads one step ahead of its compute (with one moving
-        slot, a new block's moving data right after the compute of the step before it)."""
+        """Emit ``steps``, each step's loads one step ahead of its compute (the first step's
+        in pieces of K tiles, :func:`first_fetch_k_tiles`; with one moving slot, a new
+        block's moving data right after the compute of the step before it)."""
         steps = list(steps)
         if steps:
             self._prefetch(steps[0], k_tiles=self._first_fetch_k_tiles(

@@ -262,7 +262,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
     stores = []                 # DMA cycles of each step's store (0 if none)
     acts = []                   # activation cycles of each step's epilogue
     fetch_beats = []            # cycles of the read channel the step's instructions take
-    refill_beats = []           # of them, those of the next step's rolling refill
+    first_refill_beats = 0.0    # of the first step's, those of the second's rolling refill
     tensor_reads = []           # SBUF words the tensor unit reads in each step
     prefetch_descriptors = []   # DMA descriptors of each step's prefetch
     reads_of = {}               # the tensor reads of a step, by what they depend on
@@ -377,14 +377,14 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
                       (len(chunks) if last else 0) + nop)
         words = [a + b for a, b in zip(words, step_words, strict=True)]
         fetch_beats.append(sum(step_words) * beats_per_word * word_cycles)
-        refill_beats.append(0.0)
         if trail[-1]:
             # A rolling refill runs behind the step before, and so do the fetches of its
             # descriptors: they share that step's read channel, not their own step's.
             moved = 2 * (descriptors - descriptors_before) * beats_per_word * word_cycles
             fetch_beats[-1] -= moved
             fetch_beats[-2] += moved
-            refill_beats[-2] = moved
+            if i == 1:
+                first_refill_beats = moved
 
     count = len(steps)
     # At start each sequencer fetches two bursts ahead, and the HBM answers in order: the
@@ -449,7 +449,7 @@ def gemm(config, m, k, n, *, dtype="int8", tiling=None):
             pieces, first, fill(0, per_tile), per_tile, fetching)
         # Those of the matmuls after the prefetch's end are what share the next one's reads
         # (and a rolling refill's own, all after it).
-        fetch_beats[0] = refill_beats[0] + (fetch_beats[0] - refill_beats[0]) * min(
+        fetch_beats[0] = first_refill_beats + (fetch_beats[0] - first_refill_beats) * min(
             1.0, (first_end - lead_in) / tensor[0])
     throughput = start + lead_in
     behind = 0.0        # a rolling refill's DMA cycles past the step it starts in
